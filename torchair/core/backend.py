@@ -1,0 +1,95 @@
+"""The ``torch.compile`` backend: ``get_npu_backend`` and ``get_compiler``.
+
+Dynamo's graph goes through AOT autograd (functionalized, input mutations such as in-place
+KV-cache writes kept as ``copy_`` into the input) and then through :mod:`torchair.core.pipeline`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from torchair.configs.compiler_config import CompilerConfig
+from torchair.core.pipeline import GraphSignature, compile_graph
+from torchair.core.utils import logger
+
+
+def _check_config(compiler_config: Any) -> CompilerConfig:
+    if compiler_config is None:
+        return CompilerConfig()
+    if not isinstance(compiler_config, CompilerConfig):
+        raise TypeError(f"compiler_config must be a torchair.CompilerConfig, got "
+                        f"{type(compiler_config).__name__}; create one with "
+                        f"torchair.CompilerConfig()")
+    return compiler_config.copy()
+
+
+def get_compiler(compiler_config: CompilerConfig | None = None) -> Callable:
+    """A compiler for ATen graphs from AOT autograd: ``compiler(gm, example_inputs)``."""
+    config = _check_config(compiler_config)
+
+    def compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        return compile_graph(gm, example_inputs, config)
+
+    return compiler
+
+
+def _signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> GraphSignature:
+    """Names and kinds of AOT's flat inputs: the module's own parameters and buffers first,
+    then Dynamo's graph inputs in order."""
+    params = [n for n, _ in gm.named_parameters(remove_duplicate=False)]
+    buffers = [n for n, _ in gm.named_buffers(remove_duplicate=False)]
+    names = params + buffers
+    kinds = ["parameter"] * len(params) + ["tensor"] * len(buffers)
+    for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs):
+        names.append(str(node.target))
+        if isinstance(value, torch.nn.Parameter):
+            kinds.append("parameter")
+        elif isinstance(value, torch.Tensor):
+            kinds.append("tensor")
+        else:
+            kinds.append("symint")
+    return GraphSignature(tuple(names), tuple(kinds))
+
+
+def get_npu_backend(*, compiler_config: CompilerConfig | None = None,
+                    custom_decompositions: dict | None = None) -> Callable:
+    """A ``torch.compile`` backend: ``torch.compile(model, backend=get_npu_backend(...))``.
+
+    ``compiler_config`` is copied: later changes to the object do not affect this backend.
+    ``custom_decompositions`` maps ATen ops to Python decompositions applied during AOT tracing.
+    """
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    config = _check_config(compiler_config)
+    if custom_decompositions is not None and not isinstance(custom_decompositions, dict):
+        raise TypeError(f"custom_decompositions must be a dict mapping an OpOverload to a "
+                        f"function, got {type(custom_decompositions).__name__}")
+    decompositions = dict(custom_decompositions or {})
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        signature = _signature(gm, example_inputs)
+
+        def compiler(aot_gm: fx.GraphModule, aot_inputs: Sequence[Any]) -> Callable:
+            return compile_graph(aot_gm, aot_inputs, config, signature)
+
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                           for x in example_inputs):
+            logger.warning("torchair compiles inference graphs; inputs require grad under grad "
+                           "mode, so the forward graph is compiled and the backward runs op by "
+                           "op. Wrap inference in torch.no_grad() or torch.inference_mode().")
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler,
+                                     bw_compiler=_eager_compiler,
+                                     inference_compiler=compiler,
+                                     decompositions=decompositions,
+                                     keep_inference_input_mutations=True)
+
+    backend.compiler_config = config  # type: ignore[attr-defined]
+    return backend
+
+
+def _eager_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    return make_boxed_func(gm.forward)

@@ -1,0 +1,14 @@
+"""The ``npu`` op library: importing this package registers every op under ``torch.ops.npu``.
+
+``torchair.ops.npu_incre_flash_attention`` is ``torch.ops.npu.npu_incre_flash_attention``.
+"""
+from __future__ import annotations
+
+import torch
+
+from torchair.ops import incre_flash_attention as _incre_flash_attention  # noqa: F401 (registers)
+from torchair.ops._registry import get_value_dependent, value_dependent_ops
+
+npu_incre_flash_attention = torch.ops.npu.npu_incre_flash_attention
+
+__all__ = ["npu_incre_flash_attention", "get_value_dependent", "value_dependent_ops"]

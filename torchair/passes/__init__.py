@@ -1,0 +1,34 @@
+"""FX passes and the pass manager that owns their order.
+
+Order (each pass one file):
+1. ``remove_noops`` - drop identity ops left by functionalization (fewer host launches).
+Later passes (pattern fusion, scopes) are appended here, never reordered elsewhere.
+"""
+from __future__ import annotations
+
+import torch.fx as fx
+
+from torchair.core.utils import logger
+from torchair.passes._base import GraphPass
+from torchair.passes.remove_noops import RemoveNoOpsPass
+
+
+def default_passes(config) -> list[GraphPass]:
+    """The ordered pass list for ``config``."""
+    return [RemoveNoOpsPass()]
+
+
+def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
+    """Run ``passes`` in order on ``gm``; returns rewrites per pass (only those that fired)."""
+    fired = {}
+    for p in passes:
+        count = p(gm)
+        if count:
+            fired[p.name] = count
+            logger.debug("pass %s: %d rewrites", p.name, count)
+    gm.graph.lint()
+    gm.recompile()
+    return fired
+
+
+__all__ = ["GraphPass", "RemoveNoOpsPass", "default_passes", "run_passes"]

@@ -1,0 +1,70 @@
+"""RemoveNoOpsPass: drop ops that return their input unchanged.
+
+Functionalization and decompositions leave such ops behind (``aten.clone`` of a value nobody
+mutates, ``view``/``reshape`` to the same shape, ``alias``, ``to``/``_to_copy`` to the same dtype
+and device, ``detach``). Each one is a launch on the host-scheduled path, so removing them helps.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from torchair.passes._base import GraphPass
+
+aten = torch.ops.aten
+
+_SAME_SHAPE_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+_IDENTITIES = {aten.alias.default, aten.detach.default, aten.lift_fresh.default}
+
+
+def _val(node):
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _same_meta(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride())
+
+
+class RemoveNoOpsPass(GraphPass):
+    name = "remove_noops"
+
+    def __call__(self, gm: fx.GraphModule) -> int:
+        removed = 0
+        for node in list(gm.graph.nodes):
+            source = self._source_if_noop(node)
+            if source is None:
+                continue
+            node.replace_all_uses_with(source)
+            gm.graph.erase_node(node)
+            removed += 1
+        return removed
+
+    @staticmethod
+    def _source_if_noop(node: fx.Node):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], fx.Node):
+            return None
+        source = node.args[0]
+        if _is_output_or_mutated(source, node):
+            return None
+        if node.target in _IDENTITIES:
+            return source if _same_meta(_val(source), _val(node)) else None
+        if node.target in _SAME_SHAPE_VIEWS or node.target in (aten.clone.default,
+                                                               aten._to_copy.default):
+            if node.target is aten._to_copy.default and set(node.kwargs) - {"dtype", "device",
+                                                                              "layout"}:
+                return None
+            return source if _same_meta(_val(source), _val(node)) else None
+        return None
+
+
+def _is_output_or_mutated(source: fx.Node, node: fx.Node) -> bool:
+    """Keep ops whose result is a graph output (AOT tracked its aliasing as it is) and ops next
+    to an in-place mutation (removing a copy there would make two values alias)."""
+    if any(user.op == "output" for user in node.users):
+        return True
+    for user in list(source.users) + list(node.users):
+        target = getattr(user, "target", None)
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            return True
+    return False

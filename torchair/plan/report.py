@@ -1,0 +1,89 @@
+"""GraphReport: what the backend decided about one compiled graph, and why.
+
+``torchair.graph_reports()`` returns them oldest first. Each report says whether the graph is
+static at the FX, IR and build levels (seed 000's three levels), lists its inputs as the IR sees
+them, its value-dependent ops and constants, and, when something is not static, one sentence per
+cause naming the input or op and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+from torchair.plan.inputs import InputInfo
+
+
+@dataclasses.dataclass
+class GraphReport:
+    graph_id: int
+    fx_static: bool
+    ir_static: bool
+    build_static: bool
+    inputs: list[InputInfo]
+    value_dependent_ops: list[str]
+    reasons: list[str]
+    consts: dict[str, Any] = dataclasses.field(default_factory=dict)  # "node.arg" -> value
+    sunk_inputs: list[str] = dataclasses.field(default_factory=list)
+    gears: list[Any] = dataclasses.field(default_factory=list)
+    launch: str = ""  # how the graph runs, e.g. "one launch unit: CUDA graph replay"
+    engine: str = ""  # "inductor" | "fx"
+    passes: dict[str, int] = dataclasses.field(default_factory=dict)  # pass -> rewrites
+    dumps: list[str] = dataclasses.field(default_factory=list)
+    build_seconds: float | None = None  # filled in when the launch unit is built
+
+    @property
+    def path(self) -> int:
+        """Which of the four compile paths of seed 000 this graph took (0 if none fits)."""
+        has_symint = any(i.kind == "symint" for i in self.inputs)
+        if self.fx_static and self.ir_static and self.build_static:
+            return 1
+        if not self.ir_static:
+            return 2
+        if has_symint and not self.build_static:
+            return 3
+        if has_symint and self.build_static:
+            return 4
+        return 0
+
+    def __str__(self) -> str:
+        yes = {True: "static", False: "dynamic"}
+        lines = [f"graph {self.graph_id}: FX {yes[self.fx_static]}, IR {yes[self.ir_static]}, "
+                 f"build {yes[self.build_static]} (path {self.path or '-'})"]
+        lines += [f"  {i}" for i in self.inputs]
+        if self.value_dependent_ops:
+            lines.append(f"  value-dependent ops: {', '.join(self.value_dependent_ops)}")
+        for key, value in self.consts.items():
+            lines.append(f"  Const {key} = {value}")
+        if self.sunk_inputs:
+            lines.append(f"  sunk into the device scalar buffer: {', '.join(self.sunk_inputs)}")
+        if self.gears:
+            lines.append(f"  gears: {self.gears}")
+        if self.passes:
+            lines.append("  passes: " + ", ".join(f"{k} x{v}" for k, v in self.passes.items()))
+        lines.append(f"  launch: {self.launch} [{self.engine} engine]")
+        if self.build_seconds is not None:
+            lines.append(f"  built in {self.build_seconds:.2f} s")
+        lines += [f"  why not static: {r}" for r in self.reasons]
+        lines += [f"  dump: {d}" for d in self.dumps]
+        return "\n".join(lines)
+
+
+_lock = threading.Lock()
+_reports: list[GraphReport] = []
+
+
+def next_graph_id() -> int:
+    with _lock:
+        return len(_reports)
+
+
+def add_report(report: GraphReport) -> None:
+    with _lock:
+        _reports.append(report)
+
+
+def graph_reports() -> list[GraphReport]:
+    """Reports of the graphs compiled in this process, oldest first."""
+    with _lock:
+        return list(_reports)

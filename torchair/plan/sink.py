@@ -1,0 +1,111 @@
+"""Scalar sinking ("tiling sink"): the rewrite that makes a value-dependent graph one launch unit.
+
+The host scalars that feed value-dependent arguments (SymInt inputs, and scalar arithmetic on
+them) are removed from the graph. Their values are computed on the host by a tiny
+:class:`HostScalarProgram` and copied into one int64 buffer, a new last graph input; each
+value-dependent op is rewritten to its tensor twin, reading its slice of that buffer on the device.
+The rewritten graph has only fixed-shape tensor inputs, so it can be compiled once with fixed
+shapes or captured as a CUDA graph, and new values never recompile.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from torchair.plan.analysis import Analysis, _arg, _flat
+
+SUNK_INPUT_NAME = "sunk_scalars"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ref:
+    index: int
+
+
+@dataclasses.dataclass
+class HostScalarProgram:
+    """Computes the sunk buffer's values from one call's arguments (host side, no FX)."""
+
+    input_indices: tuple[int, ...]  # argument positions of the scalar inputs
+    steps: tuple[tuple[Callable, tuple], ...]  # scalar arithmetic on earlier values
+    slots: tuple[Any, ...]  # per buffer element: a _Ref into the values, or a constant int
+    input_names: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __call__(self, args: Sequence[Any]) -> list[int]:
+        env = [args[i] for i in self.input_indices]
+        for fn, fn_args in self.steps:
+            env.append(fn(*[env[a.index] if isinstance(a, _Ref) else a for a in fn_args]))
+        return [int(env[s.index]) if isinstance(s, _Ref) else int(s) for s in self.slots]
+
+
+@dataclasses.dataclass
+class SinkResult:
+    gm: fx.GraphModule  # inputs: the kept inputs in order, then the int64 buffer
+    program: HostScalarProgram
+    kept_inputs: tuple[int, ...]  # positions of the original arguments the new graph takes
+
+
+def sink_scalars(gm: fx.GraphModule, analysis: Analysis, input_names: Sequence[str]) -> SinkResult:
+    """Rewrite ``gm`` so that its host scalars arrive in one int64 buffer (see module doc)."""
+    if not analysis.sinkable:
+        raise RuntimeError("sink_scalars: the graph's scalars feed more than value-dependent "
+                           "arguments; the analysis reasons say where")
+    graph = fx.Graph()
+    val_map: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, val_map))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    position = {n: i for i, n in enumerate(placeholders)}
+    scalar_inputs = [n for n in analysis.host_scalars if n.op == "placeholder"]
+    index = {n: k for k, n in enumerate(scalar_inputs)}
+    steps = []
+    for node in analysis.host_scalars:
+        if node.op == "placeholder":
+            continue
+        fn_args = fx.node.map_arg(node.args, lambda n: _Ref(index[n]))
+        if node.kwargs:
+            raise RuntimeError(f"sink_scalars: scalar node {node.name} has keyword arguments")
+        index[node] = len(scalar_inputs) + len(steps)
+        steps.append((node.target, tuple(fn_args)))
+
+    new_placeholders = [val_map[n] for n in placeholders]
+    with graph.inserting_after(new_placeholders[-1]):
+        buffer = graph.placeholder(SUNK_INPUT_NAME)
+    slots: list[Any] = []
+    for use in analysis.value_dependent:
+        node = val_map[use.node]
+        if not use.symbolic_args:
+            continue
+        for name in use.symbolic_args:
+            values = _flat(_arg(use.node, name))
+            start = len(slots)
+            slots.extend(_Ref(index[v]) if isinstance(v, fx.Node) else int(v) for v in values)
+            with graph.inserting_before(node):
+                piece = graph.call_function(torch.ops.aten.slice.Tensor,
+                                            (buffer, 0, start, len(slots)))
+            _set_arg(node, name, piece)
+        node.target = use.entry.twin
+    for node in reversed(analysis.host_scalars):
+        graph.erase_node(val_map[node])
+    graph.lint()
+    new_gm = fx.GraphModule(gm, graph)
+    kept = tuple(position[n] for n in placeholders if n not in index)
+    program = HostScalarProgram(tuple(position[n] for n in scalar_inputs), tuple(steps),
+                                tuple(slots), tuple(input_names[position[n]] for n in scalar_inputs))
+    return SinkResult(new_gm, program, kept)
+
+
+def _set_arg(node: fx.Node, name: str, value: fx.Node) -> None:
+    if name in node.kwargs:
+        node.update_kwarg(name, value)
+        return
+    for i, a in enumerate(node.target._schema.arguments):
+        if a.name == name and i < len(node.args):
+            node.update_arg(i, value)
+            return
+    node.update_kwarg(name, value)
