@@ -1,4 +1,4 @@
-"""Graph dumps the TorchAir way: readable IR (``txt``), GraphDef text (``pbtxt``) or Python (``py``).
+"""Graph dumps the TorchAir way: readable IR (``txt``), GraphDef text (``pbtxt``), Python (``py``).
 
 :func:`write_dump` writes one file named
 ``dynamo_{stage}_graph_{graph_id}_rank_{rank}_pid_{pid}_ts_{timestamp}.{fmt}``:
@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from torchair.core.utils import logger
 from torchair.plan.inputs import InputInfo
@@ -272,7 +273,7 @@ class _PyWriter:
 
 
 def _tensor_expr(t: torch.Tensor) -> str:
-    if t.numel() <= 64 and not isinstance(t, torch._subclasses.FakeTensor):
+    if t.numel() <= 64 and not isinstance(t, FakeTensor):
         return f"torch.tensor({t.detach().cpu().tolist()!r}, dtype={t.dtype})"
     return f"torch.zeros({list(t.shape)!r}, dtype={t.dtype})  # values not dumped ({t.numel()})"
 

@@ -19,11 +19,12 @@ from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from torchair.ops._registry import get_value_dependent
 from torchair.plan.inputs import InputInfo, dtype_name, ir_shape, is_symbolic
 
-__all__ = ["IRNode", "to_ir", "op_name", "plain"]
+__all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value"]
 
 
 @dataclasses.dataclass
@@ -39,7 +40,7 @@ class IRNode:
 
 
 def op_name(target: Any) -> str:
-    """The IR op type of an FX call target: ``aten.add.Tensor``, ``aten.addmm``, ``operator.add``."""
+    """The IR op type of a call target: ``aten.add.Tensor``, ``aten.addmm``, ``operator.add``."""
     if isinstance(target, torch._ops.OpOverload):
         name = f"{target.namespace}.{target._schema.name.split('::', 1)[-1]}"
         overload = target._overloadname
@@ -200,7 +201,7 @@ def _get_attr_node(gm: fx.GraphModule, node: fx.Node, ir_name: dict[fx.Node, str
     shape, dtype = _val_info(node.meta.get("val", value))
     if isinstance(value, torch.Tensor):
         shape, dtype = list(value.shape), dtype_name(value.dtype)
-        if value.numel() <= 16 and not isinstance(value, torch._subclasses.FakeTensor):
+        if value.numel() <= 16 and not isinstance(value, FakeTensor):
             attrs["value"] = value.detach().cpu().tolist()
     return IRNode(ir_name[node], "Const", [], attrs, shape, dtype)
 
@@ -219,7 +220,8 @@ def to_ir(gm: fx.GraphModule, inputs: Sequence[InputInfo]) -> list[IRNode]:
         if node.op == "placeholder":
             info = by_node[node]
             shape = list(info.shape)
-            attrs = {"index": info.index, "kind": info.kind, "shape": shape, "dtype": info.dtype}
+            attrs = {"index": info.index, "name": info.name, "kind": info.kind, "shape": shape,
+                     "dtype": info.dtype}
             nodes.append(IRNode(node.name, "Data", [], attrs, list(shape), info.dtype))
         elif node.op == "output":
             ir_name[node] = names.fresh("NetOutput")

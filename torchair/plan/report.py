@@ -8,6 +8,7 @@ cause naming the input or op and the fix.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 from typing import Any
 
@@ -71,11 +72,13 @@ class GraphReport:
 
 _lock = threading.Lock()
 _reports: list[GraphReport] = []
+_ids = itertools.count()
 
 
 def next_graph_id() -> int:
+    """A process-wide graph id (ids of graphs that failed to compile are not reused)."""
     with _lock:
-        return len(_reports)
+        return next(_ids)
 
 
 def add_report(report: GraphReport) -> None:

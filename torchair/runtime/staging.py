@@ -7,6 +7,8 @@ Policy per tensor input:
 - *borrowed* (parameters, inputs mutated in place such as a KV cache): the first call's tensor
   itself is the static buffer, so the usual case (the same cache every step) copies nothing. A call
   with another tensor is copied in, and a mutated one is copied back after the launch.
+- *frozen* (parameters with ``experimental_config.frozen_parameter``): borrowed and never checked
+  again, the caller promises they keep their address and value.
 - *owned* (everything else): a static buffer of the same shape and strides, copied into on every
   call unless the caller already passes that very buffer.
 """
@@ -34,9 +36,11 @@ class InputStager:
     """Keeps one static buffer per graph input and copies each call's inputs into it."""
 
     def __init__(self, example: Sequence[Any], *, borrowed: set[int], mutated: set[int],
-                 names: Sequence[str]) -> None:
+                 names: Sequence[str], frozen: set[int] = frozenset()) -> None:
         self.names = list(names)
         self.mutated = set(mutated)
+        # frozen inputs (parameters under experimental_config.frozen_parameter) are never checked
+        self.checked = [i for i in range(len(example)) if i not in frozen]
         self.static: list[Any] = []
         for i, value in enumerate(example):
             if not isinstance(value, torch.Tensor) or i in borrowed or i in self.mutated:
@@ -51,7 +55,8 @@ class InputStager:
     def stage(self, args: Sequence[Any]) -> list[int]:
         """Copy ``args`` into the static buffers; returns the mutated inputs to copy back."""
         write_back = []
-        for i, (arg, buf) in enumerate(zip(args, self.static)):
+        for i in self.checked:
+            arg, buf = args[i], self.static[i]
             if not isinstance(buf, torch.Tensor) or arg is buf:
                 continue
             if arg.data_ptr() == buf.data_ptr() and arg.stride() == buf.stride():

@@ -59,7 +59,7 @@ class StaticUnit:
     def __init__(self, gm: fx.GraphModule, *, kept_inputs: Sequence[int],
                  program: HostScalarProgram | None, engine: str, capture: str | None,
                  borrowed: set[int], mutated: set[int], names: Sequence[str],
-                 report: GraphReport) -> None:
+                 report: GraphReport, frozen: bool = False) -> None:
         self.gm = gm
         self.kept = tuple(kept_inputs)
         self.program = program
@@ -69,6 +69,7 @@ class StaticUnit:
         where = {orig: pos for pos, orig in enumerate(self.kept)}
         self.borrowed = {where[i] for i in borrowed if i in where}
         self.mutated = {where[i] for i in mutated if i in where}
+        self.frozen = self.borrowed if frozen else set()
         self.names = [names[i] for i in self.kept] + (["sunk_scalars"] if program else [])
         self.report = report
         self.sunk: SunkScalars | None = None
@@ -108,7 +109,7 @@ class StaticUnit:
 
     def _captured(self, engine: Engine, unit_args: list) -> Callable[[list], list]:
         stager = InputStager(unit_args, borrowed=self.borrowed | self._sunk_position(),
-                             mutated=self.mutated, names=self.names)
+                             mutated=self.mutated, names=self.names, frozen=self.frozen)
         static_args = stager.static
         if self.capture == "cuda":
             replay, static_outputs = _capture.capture_cuda(engine, static_args, self.mutated)

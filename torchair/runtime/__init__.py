@@ -1,0 +1,1 @@
+"""Launch units, input staging, capture/replay and engines."""
