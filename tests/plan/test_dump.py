@@ -182,8 +182,8 @@ def test_ir_data_ops_and_netoutput(dynamic_graph):
     data = [n for n in ir if n.op == "Data"]
     assert [n.name for n in data] == [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     for node, info in zip(data, infos):
-        assert node.attrs == {"index": info.index, "kind": info.kind, "shape": list(info.shape),
-                              "dtype": info.dtype}
+        assert node.attrs == {"index": info.index, "name": info.name, "kind": info.kind,
+                              "shape": list(info.shape), "dtype": info.dtype}
         assert node.shape == list(info.shape) and node.inputs == []
     assert any(n.attrs["kind"] == "symint" and n.shape == [] and n.dtype == "int64" for n in data)
     assert any(-1 in n.shape for n in data if n.attrs["kind"] == "tensor")
@@ -235,9 +235,9 @@ def test_txt_dynamic_dims_and_file_name(dynamic_graph, tmp_path):
     lines = open(path, encoding="utf-8").read().splitlines()
     assert "graph 3" in lines[0] and "original" in lines[0]
     dynamic = next(i for i in infos if i.kind == "tensor" and i.is_dynamic)
-    assert (f"{dynamic.name} = Data(index={dynamic.index}, kind=tensor, "
+    assert (f"{dynamic.name} = Data(index={dynamic.index}, name={dynamic.name}, kind=tensor, "
             f"shape={list(dynamic.shape)}, dtype=float32)") in lines
-    assert any(re.fullmatch(r"arg\d+_1 = Data\(index=\d+, kind=symint, shape=\[\], "
+    assert any(re.fullmatch(r"arg\d+_1 = Data\(index=\d+, name=\w+, kind=symint, shape=\[\], "
                             r"dtype=int64\)", line) for line in lines)
     assert any(re.fullmatch(r"addmm = aten\.addmm\(arg\d+_1, \w+, \w+\) \{beta=1, alpha=1\} "
                             r"-> float32\[-1, 8\]", line) for line in lines)
