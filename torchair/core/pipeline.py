@@ -20,7 +20,7 @@ from torchair.plan.inputs import InputInfo, describe_inputs
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.plan.sink import SUNK_INPUT_NAME, sink_scalars
 from torchair.runtime import units
-from torchair.runtime.engines import fx_engine, inductor_symbolic
+from torchair.runtime.engines import fx_engine, inductor_engine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +118,7 @@ def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Compil
     report.launch = "host-scheduled, shape-generic"
     report.dumps += _dump(gm, report.inputs, "optimized", config, report.graph_id)
     if _engine(config) == "inductor":
-        engine, report.engine = inductor_symbolic(gm, example_inputs, f"graph {report.graph_id}")
+        engine, report.engine = inductor_engine(gm, example_inputs, f"graph {report.graph_id}")
     else:
         engine, report.engine = fx_engine(gm), "fx"
     return units.HostUnit(engine)

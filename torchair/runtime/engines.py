@@ -1,9 +1,9 @@
-"""Engines turn an FX graph into a callable ``fn(args: list) -> list`` (the list is not consumed).
+"""Engines turn an FX graph into a callable ``fn(args: list) -> outputs`` (the list is kept).
 
 - FX engine: runs the graph's ATen ops one by one (no code generation).
-- Inductor engine: generated kernels. ``inductor_fixed`` compiles a fixed-shape graph from real
-  tensors (used by static launch units at their first call); ``inductor_symbolic`` compiles a
-  shape-generic graph inside AOT's tracing context (dynamic builds).
+- Inductor engine: generated kernels, compiled for the shapes of the example inputs: real tensors
+  for a static launch unit (fixed shapes, compiled at its first call), AOT's fake tensors and
+  SymInts for a dynamic build (shape-generic, compiled inside AOT's tracing context).
 If Inductor fails, the FX engine takes over with a warning naming the error.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import copy
 import time
 from typing import Any, Callable, Sequence
 
-import torch
 import torch.fx as fx
 
 from torchair.core.utils import logger
@@ -35,34 +34,18 @@ def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
-def inductor_fixed(gm: fx.GraphModule, example: list, what: str) -> tuple[Engine, str]:
-    """Compile ``gm`` for exactly the shapes of ``example`` (real tensors)."""
+def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
+                    ) -> tuple[Engine, str]:
+    """Compile ``gm`` with Inductor for ``example_inputs``; returns (engine, engine name)."""
     from torch._inductor.compile_fx import compile_fx
 
     start = time.perf_counter()
-    logger.info("%s: compiling with Inductor (fixed shapes) ...", what)
+    logger.info("%s: compiling with Inductor ...", what)
     try:
-        compiled = compile_fx(_fresh_copy(gm), example)
+        compiled = compile_fx(_fresh_copy(gm), list(example_inputs))
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back to the FX engine
         logger.warning("%s: Inductor could not compile the graph (%s: %s); running it with the FX "
                        "engine instead", what, type(exc).__name__, exc)
         return fx_engine(gm), "fx"
     logger.info("%s: Inductor compile took %.1f s", what, time.perf_counter() - start)
     return (lambda args: compiled(*args)), "inductor"  # compile_fx returns an unboxed callable
-
-
-def inductor_symbolic(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
-                      ) -> tuple[Engine, str]:
-    """Compile ``gm`` shape-generically with AOT's fake example inputs (call inside AOT)."""
-    from torch._inductor.compile_fx import compile_fx
-
-    start = time.perf_counter()
-    logger.info("%s: compiling with Inductor (symbolic shapes) ...", what)
-    try:
-        compiled = compile_fx(_fresh_copy(gm), list(example_inputs))
-    except Exception as exc:  # noqa: BLE001
-        logger.warning("%s: Inductor could not compile the graph (%s: %s); running it with the FX "
-                       "engine instead", what, type(exc).__name__, exc)
-        return fx_engine(gm), "fx"
-    logger.info("%s: Inductor compile took %.1f s", what, time.perf_counter() - start)
-    return (lambda args: compiled(*args)), "inductor"

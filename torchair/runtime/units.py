@@ -19,7 +19,7 @@ from torchair.core.utils import logger
 from torchair.plan.report import GraphReport
 from torchair.plan.sink import HostScalarProgram
 from torchair.runtime import capture as _capture
-from torchair.runtime.engines import Engine, fx_engine, inductor_fixed
+from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.staging import InputStager, SunkScalars
 
 _capture_override: list[str | None] = []
@@ -92,7 +92,7 @@ class StaticUnit:
         if self.engine_name == "inductor":
             # AOT's runtime may have a dispatch mode active on this call; compile outside it
             with _disable_current_modes():
-                engine, self.engine_name = inductor_fixed(self.gm, unit_args, what)
+                engine, self.engine_name = inductor_engine(self.gm, unit_args, what)
         else:
             engine = fx_engine(self.gm)
         if self.capture is None:
