@@ -117,6 +117,22 @@ def _uses_outside_value_args(node: fx.Node, scalars: set[fx.Node],
     return bad
 
 
+def _outside_uses(scalars: list[fx.Node], scalar_set: set[fx.Node],
+                  vd_nodes: dict[fx.Node, ValueDependentUse]) -> dict[fx.Node, list[fx.Node]]:
+    """Users outside value-dependent arguments, grouped by the scalar inputs they derive from."""
+    sources: dict[fx.Node, list[fx.Node]] = {}
+    for node in scalars:
+        sources[node] = [node] if node.op == "placeholder" else sorted(
+            {s for n in node.all_input_nodes for s in sources[n]}, key=scalars.index)
+    outside: dict[fx.Node, list[fx.Node]] = {}
+    for node in scalars:
+        for user in _uses_outside_value_args(node, scalar_set, vd_nodes):
+            for source in sources[node] or [node]:
+                if user not in outside.setdefault(source, []):
+                    outside[source].append(user)
+    return outside
+
+
 def _only_in_args(user: fx.Node, node: fx.Node, use: ValueDependentUse) -> bool:
     inside = sum(_flat(_arg(user, name)).count(node) for name in use.symbolic_args)
     return inside == _all_refs(user).count(node)
@@ -146,17 +162,16 @@ def analyze(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, tiling_sink: boo
     scalars = host_scalar_nodes(gm)
     scalar_set = set(scalars)
     vd_nodes = {u.node: u for u in uses}
-    sinkable = True
-    for node in scalars:
-        for user in _uses_outside_value_args(node, scalar_set, vd_nodes):
-            sinkable = False
-            if ir_static:
-                source = by_node.get(node)
-                what = f"SymInt input {source.index} (`{source.name}`)" if source else \
-                    f"scalar `{node.name}` computed from SymInt inputs"
-                reasons.append(f"{what} is used by `{_target_name(user)}` (node `{user.name}`) "
-                               f"outside a value-dependent argument, so the host must read it: "
-                               f"pass it as a tensor, or make it a constant")
+    outside = _outside_uses(scalars, scalar_set, vd_nodes)
+    sinkable = not outside
+    if ir_static:
+        for source, users in outside.items():
+            info = by_node.get(source)
+            what = f"SymInt input {info.index} (`{info.name}`)" if info else f"scalar `{source.name}`"
+            ops = ", ".join(f"`{_target_name(u)}` (node `{u.name}`)" for u in users[:3])
+            more = f" and {len(users) - 3} more" if len(users) > 3 else ""
+            reasons.append(f"{what} is used by {ops}{more} outside a value-dependent argument, "
+                           f"so the host must read it: pass it as a tensor, or make it a constant")
     host_read = [u for u in uses if u.symbolic_args]
     if ir_static and not tiling_sink:
         for use in host_read:

@@ -6,7 +6,9 @@ emulation of one (``capture="emulate"``), so CPU tests cover it.
 Policy per tensor input:
 - *borrowed* (parameters, inputs mutated in place such as a KV cache): the first call's tensor
   itself is the static buffer, so the usual case (the same cache every step) copies nothing. A call
-  with another tensor is copied in, and a mutated one is copied back after the launch.
+  with another tensor has it copied in (the borrowed contents saved), copied back out after the
+  launch when it was mutated, and the borrowed tensor restored: the other caller's tensor is never
+  changed. Launch units avoid that slow path by capturing once per set of borrowed addresses.
 - *frozen* (parameters with ``experimental_config.frozen_parameter``): borrowed and never checked
   again, the caller promises they keep their address and value.
 - *owned* (everything else): a static buffer of the same shape and strides, copied into on every
@@ -39,6 +41,7 @@ class InputStager:
                  names: Sequence[str], frozen: set[int] = frozenset()) -> None:
         self.names = list(names)
         self.mutated = set(mutated)
+        self.borrowed = set(borrowed) | self.mutated
         # frozen inputs (parameters under experimental_config.frozen_parameter) are never checked
         self.checked = [i for i in range(len(example)) if i not in frozen]
         self.static: list[Any] = []
@@ -52,9 +55,10 @@ class InputStager:
                 self.static.append(buf)
         self.copies = 0  # tensors copied in since creation (diagnostics and tests)
 
-    def stage(self, args: Sequence[Any]) -> list[int]:
-        """Copy ``args`` into the static buffers; returns the mutated inputs to copy back."""
-        write_back = []
+    def stage(self, args: Sequence[Any]) -> list[tuple[int, torch.Tensor | None]]:
+        """Copy ``args`` into the static buffers. Returns what :meth:`finish` must undo: for a
+        borrowed buffer (another caller's tensor) its saved contents."""
+        pending = []
         for i in self.checked:
             arg, buf = args[i], self.static[i]
             if not isinstance(buf, torch.Tensor) or arg is buf:
@@ -62,15 +66,21 @@ class InputStager:
             if arg.data_ptr() == buf.data_ptr() and arg.stride() == buf.stride():
                 continue
             self._check(i, arg, buf)
+            saved = buf.clone() if i in self.borrowed else None
             buf.copy_(arg)
             self.copies += 1
-            if i in self.mutated:
-                write_back.append(i)
-        return write_back
+            if saved is not None or i in self.mutated:
+                pending.append((i, saved))
+        return pending
 
-    def write_back(self, args: Sequence[Any], indices: list[int]) -> None:
-        for i in indices:
-            args[i].copy_(self.static[i])
+    def finish(self, args: Sequence[Any], pending: list[tuple[int, torch.Tensor | None]]) -> None:
+        """After the launch: hand in-place updates back to the caller's tensors and give borrowed
+        buffers their own contents back."""
+        for i, saved in pending:
+            if i in self.mutated:
+                args[i].copy_(self.static[i])
+            if saved is not None:
+                self.static[i].copy_(saved)
 
     def _check(self, i: int, arg: torch.Tensor, buf: torch.Tensor) -> None:
         if arg.shape != buf.shape or arg.dtype != buf.dtype or arg.device != buf.device:

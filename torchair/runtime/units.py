@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -43,6 +44,16 @@ def default_capture(device: torch.device) -> str | None:
     return "cuda" if device.type == "cuda" else None
 
 
+MAX_CAPTURES = 8
+
+
+@dataclasses.dataclass
+class _Capture:
+    stager: InputStager
+    replay: Callable[[], None]
+    outputs: list
+
+
 class HostUnit:
     """Dynamic build: the engine runs shape-generic code, reading scalars on the host."""
 
@@ -74,6 +85,7 @@ class StaticUnit:
         self.report = report
         self.sunk: SunkScalars | None = None
         self.run: Callable[[list], Sequence[Any]] | None = None
+        self._warned_copies = False
 
     def __call__(self, args: list) -> Sequence[Any]:
         unit_args = [args[i] for i in self.kept]
@@ -108,22 +120,44 @@ class StaticUnit:
         return outputs
 
     def _captured(self, engine: Engine, unit_args: list) -> Callable[[list], list]:
-        stager = InputStager(unit_args, borrowed=self.borrowed | self._sunk_position(),
-                             mutated=self.mutated, names=self.names, frozen=self.frozen)
-        static_args = stager.static
-        if self.capture == "cuda":
-            replay, static_outputs = _capture.capture_cuda(engine, static_args, self.mutated)
-        else:
-            replay, static_outputs = _capture.capture_emulated(engine, static_args, self.mutated)
-        self.stager = stager
+        """Replay of captured work, one capture per set of borrowed input addresses (parameters
+        and in-place inputs of another model instance or another KV cache get their own), up to
+        ``MAX_CAPTURES``; beyond that inputs are copied in and out around a replay."""
+        captures: dict[tuple[int, ...], _Capture] = {}
+        keyed = sorted(self.borrowed - self.frozen)
+        pool = torch.cuda.graph_pool_handle() if self.capture == "cuda" else None
 
         def run(call_args: list) -> list:
-            write_back = stager.stage(call_args)
-            replay()
-            stager.write_back(call_args, write_back)
-            return [o.clone() if isinstance(o, torch.Tensor) else o for o in static_outputs]
+            key = tuple(call_args[i].data_ptr() for i in keyed)
+            cap = captures.get(key)
+            if cap is None and len(captures) < MAX_CAPTURES:
+                cap = captures[key] = self._capture_one(engine, call_args, pool)
+                if len(captures) > 1:
+                    logger.info("graph %d: captured again for new addresses of its parameters or "
+                                "in-place inputs (%d captures)", self.report.graph_id,
+                                len(captures))
+            elif cap is None:
+                cap = next(iter(captures.values()))
+                if not self._warned_copies:
+                    self._warned_copies = True
+                    logger.warning("graph %d: more than %d distinct addresses for its parameters "
+                                   "or in-place inputs; the others are copied in and out around "
+                                   "each replay (slow)", self.report.graph_id, MAX_CAPTURES)
+            pending = cap.stager.stage(call_args)
+            cap.replay()
+            cap.stager.finish(call_args, pending)
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in cap.outputs]
 
         return run
+
+    def _capture_one(self, engine: Engine, call_args: list, pool: Any) -> _Capture:
+        stager = InputStager(call_args, borrowed=self.borrowed | self._sunk_position(),
+                             mutated=self.mutated, names=self.names, frozen=self.frozen)
+        if self.capture == "cuda":
+            replay, outputs = _capture.capture_cuda(engine, stager.static, self.mutated, pool)
+        else:
+            replay, outputs = _capture.capture_emulated(engine, stager.static, self.mutated)
+        return _Capture(stager, replay, outputs)
 
     def _sunk_position(self) -> set[int]:
         return {len(self.kept)} if self.program is not None else set()
