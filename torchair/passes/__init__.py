@@ -2,7 +2,9 @@
 
 Order (each pass one file):
 1. ``remove_noops`` - drop identity ops left by functionalization (fewer host launches).
-Later passes (pattern fusion, scopes) are appended here, never reordered elsewhere.
+2. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
+   of copying whole inputs; it must see the final graph, so later passes go before it.
+Later passes (pattern fusion, scopes) are inserted before ``reinplace_inputs``, here only.
 """
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ import torch.fx as fx
 
 from torchair.core.utils import logger
 from torchair.passes._base import GraphPass
+from torchair.passes.reinplace_inputs import ReinplaceInputsPass
 from torchair.passes.remove_noops import RemoveNoOpsPass
 
 
 def default_passes(config) -> list[GraphPass]:
     """The ordered pass list for ``config``."""
-    return [RemoveNoOpsPass()]
+    return [RemoveNoOpsPass(), ReinplaceInputsPass()]
 
 
 def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
@@ -31,4 +34,4 @@ def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
     return fired
 
 
-__all__ = ["GraphPass", "RemoveNoOpsPass", "default_passes", "run_passes"]
+__all__ = ["GraphPass", "ReinplaceInputsPass", "RemoveNoOpsPass", "default_passes", "run_passes"]
