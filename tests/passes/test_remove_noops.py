@@ -1,4 +1,5 @@
 """RemoveNoOpsPass removes identity ops and keeps the ones whose removal would change aliasing."""
+import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -11,22 +12,36 @@ def _targets(gm):
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
 
 
-def test_removes_same_shape_view_clone_and_same_dtype_copy():
+def test_removes_same_shape_view_and_alias():
     def f(x):
-        a = x.view(2, 3)           # same shape: no-op
-        b = a.clone()              # nobody mutates: no-op
-        c = b.to(torch.float32)    # same dtype: no-op (traced as _to_copy or elided)
-        return (c * 2).relu()
+        a = x.view(2, 3)                     # same shape: no-op
+        b = torch.ops.aten.alias(a)          # identity
+        return (b * 2).relu()
 
     x = torch.randn(2, 3)
     gm = make_fx(f)(x)
-    before = _targets(gm)
-    assert aten.clone.default in before
+    assert aten.view.default in _targets(gm) and aten.alias.default in _targets(gm)
     fired = run_passes(gm, [RemoveNoOpsPass()])
     after = _targets(gm)
-    assert aten.clone.default not in after and aten.view.default not in after
-    assert fired["remove_noops"] >= 2
+    assert aten.view.default not in after and aten.alias.default not in after
+    assert fired["remove_noops"] == 2
     assert torch.equal(gm(x), f(x))
+
+
+@pytest.mark.parametrize("make_copy", [lambda x: x.clone(), lambda x: x.to(torch.float32, copy=True)],
+                         ids=["clone", "to-copy"])
+def test_copies_followed_by_a_view_are_kept(make_copy):
+    # removing the copy would return a view of the caller's input
+    def f(x):
+        return make_copy(x).t()
+
+    x = torch.randn(2, 3)
+    gm = make_fx(f)(x)
+    RemoveNoOpsPass()(gm)
+    gm.recompile()
+    out = gm(x)
+    x.fill_(7)
+    assert not torch.equal(out, torch.full_like(out, 7))
 
 
 def test_keeps_shape_changing_view_and_dtype_cast():

@@ -52,9 +52,10 @@ class Accumulate(torch.nn.Module):
         return attn * 2 + x
 
 
-def _config(*, tiling=True):
+def _config(*, tiling=True, frozen=False):
     config = torchair.CompilerConfig()
     config.debug.run_eagerly = True
+    config.experimental_config.frozen_parameter = frozen
     config.experimental_config.tiling_schedule_optimize = tiling
     return config
 
@@ -198,15 +199,16 @@ def test_another_kv_cache_leaves_the_first_cache_alone(monkeypatch, max_captures
                 torch.testing.assert_close(v, rv, rtol=0, atol=1e-6)
 
 
-def test_two_model_instances_sharing_one_graph_keep_their_weights():
+@pytest.mark.parametrize("frozen", [False, True], ids=["params", "frozen-params"])
+def test_two_model_instances_sharing_one_graph_keep_their_weights(frozen):
     """Two instances of one module class share Dynamo's compiled graph (parameters are graph
-    inputs): each instance's weights must stay its own."""
+    inputs): each instance's weights must stay its own, frozen_parameter or not."""
     torch.manual_seed(0)
     m1, m2 = Accumulate().eval(), Accumulate().eval()
     r1, r2 = Accumulate().eval(), Accumulate().eval()
     r1.load_state_dict(m1.state_dict())
     r2.load_state_dict(m2.state_dict())
-    backend = torchair.get_npu_backend(compiler_config=_config())
+    backend = torchair.get_npu_backend(compiler_config=_config(frozen=frozen))
     c1 = torch.compile(m1, backend=backend, dynamic=True, fullgraph=True)
     c2 = torch.compile(m2, backend=backend, dynamic=True, fullgraph=True)
     k1, v1 = _caches(1)
@@ -340,7 +342,7 @@ def test_stager_rejects_a_wrong_shape_of_a_borrowed_cache():
 # ------------------------------------------------------------------------ SunkScalars
 
 def test_sunk_scalars_reuse_one_int64_buffer():
-    program = HostScalarProgram(input_indices=(1, 3), steps=((operator.add, (_Ref(0), 1)),),
+    program = HostScalarProgram(input_indices=(1, 3), steps=((operator.add, (_Ref(0), 1), {}),),
                                 slots=(_Ref(2), _Ref(1), 9), input_names=("a", "b"))
     sunk = SunkScalars(program, torch.device("cpu"))
     assert sunk.buffer.dtype == torch.int64 and sunk.buffer.shape == (3,)
@@ -356,7 +358,7 @@ def test_sunk_scalars_reuse_one_int64_buffer():
 def test_host_scalar_program_semantics():
     program = HostScalarProgram(
         input_indices=(2, 0),
-        steps=((operator.mul, (_Ref(0), 2)), (operator.sub, (_Ref(2), _Ref(1)))),
+        steps=((operator.mul, (_Ref(0), 2), {}), (operator.sub, (_Ref(2), _Ref(1)), {})),
         slots=(_Ref(3), _Ref(1), -1), input_names=("L_a_", "L_b_"))
     assert len(program) == 3
     assert program([7, "x", 5]) == [3, 7, -1]  # [5*2 - 7, 7, -1]
@@ -496,3 +498,49 @@ def test_pipeline_sinks_several_ops_and_sym_max_floordiv_arithmetic():
     (report,) = torchair.graph_reports()[before:]
     assert report.path == 4 and report.value_dependent_ops == [OP] * 3, str(report)
     assert report.sunk_inputs == ["L_lens_0_", "L_lens_1_"]
+
+
+def test_captured_outputs_keep_their_aliasing():
+    def fn(x, lens):
+        y = x * 2
+        return y, y.view(-1), torch.ops.npu.npu_incre_flash_attention(
+            x, x, x, actual_seq_lengths=lens, num_heads=2)
+
+    compiled = torch.compile(fn, backend=torchair.get_npu_backend(compiler_config=_config()),
+                             dynamic=True, fullgraph=True)
+    x = torch.randn(2, 1, 8)
+    _mark(x)
+    with capture_mode("emulate"), torch.no_grad():
+        for lens in ([2, 3], [1, 1]):
+            y, flat, _ = compiled(x, lens)
+            flat.fill_(5)
+            assert torch.equal(y, torch.full_like(y, 5))  # as in eager: one storage
+            assert y.data_ptr() != x.data_ptr()
+
+
+def test_broadcast_input_with_zero_strides_is_staged():
+    def fn(mask_bias, x, lens):
+        return torch.ops.npu.npu_incre_flash_attention(
+            x, x, x, actual_seq_lengths=lens, num_heads=2) + mask_bias
+
+    compiled = torch.compile(fn, backend=torchair.get_npu_backend(compiler_config=_config()),
+                             dynamic=True, fullgraph=True)
+    x = torch.randn(2, 1, 8)
+    with capture_mode("emulate"), torch.no_grad():
+        for step, lens in enumerate(([2, 3], [1, 4], [3, 3])):
+            bias = torch.full((1, 1, 8), float(step)).expand(2, 1, 8)  # stride 0 on dim 0
+            _mark(x, bias)
+            torch.testing.assert_close(compiled(bias, x, lens), fn(bias, x, lens))
+
+
+def test_emulated_replay_rejects_host_reads():
+    from torchair.runtime.capture import capture_emulated
+
+    def launch(args):
+        (t,) = args
+        return [t * t.sum().item()]
+
+    replay, outputs, first = capture_emulated(launch, [torch.ones(3)])
+    torch.testing.assert_close(first[0], torch.full((3,), 3.0))
+    with pytest.raises(RuntimeError, match="CUDA graph capture"):
+        replay()

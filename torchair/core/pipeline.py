@@ -67,7 +67,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     else:
         unit = _host_unit(gm, example_inputs, config, report)
     add_report(report)
-    if not (analysis.build_static and analysis.ir_static):
+    if not report.build_static:
         logger.info("graph %d is not static:\n%s", graph_id, report)
     else:
         logger.debug("%s", report)
@@ -95,17 +95,26 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
             gm = _drop_placeholder(gm, SUNK_INPUT_NAME)
     device = _device(inputs)
     capture = units.default_capture(device)
+    host_inputs = [inputs[i] for i in kept if inputs[i].kind != "symint"
+                   and torch.device(inputs[i].device).type == "cpu"]
+    if capture == "cuda" and host_inputs:
+        capture = None
+        report.build_static = False
+        report.reasons += [f"input {i.index} (`{i.name}`) is a CPU tensor in a CUDA graph: a "
+                           f"captured graph cannot read host memory; move it to the GPU"
+                           for i in host_inputs]
     engine = _engine(config)
     report.engine = engine
-    report.launch = "one launch unit: " + {"cuda": "CUDA graph replay",
-                                           "emulate": "captured replay (CPU emulation)"}.get(
-        capture, "one fixed-shape compiled call")
+    report.launch = {"cuda": "one launch unit: CUDA graph replay",
+                     "emulate": "one launch unit: captured replay (CPU emulation)"}.get(
+        capture, "one launch unit: one fixed-shape compiled call" if device.type == "cpu" else
+        "fixed shapes, launched op by op (not captured)")
     dump_inputs = [inputs[i] for i in kept]
     if program is not None:
         dump_inputs.append(InputInfo(len(dump_inputs), SUNK_INPUT_NAME, "tensor",
                                      (len(program),), "int64", device=str(device)))
     report.dumps += _dump(gm, dump_inputs, "optimized", config, report.graph_id)
-    borrowed = {i.index for i in inputs if i.kind == "parameter"}
+    borrowed = {i.index for i in inputs if i.kind == "parameter"} | _static_input_indices()
     return units.StaticUnit(gm, kept_inputs=kept, program=program, engine=engine,
                             capture=capture, borrowed=borrowed,
                             mutated={i.index for i in inputs if i.mutated}, names=names,
@@ -122,6 +131,13 @@ def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Compil
     else:
         engine, report.engine = fx_engine(gm), "fx"
     return units.HostUnit(engine)
+
+
+def _static_input_indices() -> set[int]:
+    """Inputs AOT knows keep their address (parameters, buffers, mark_static_address)."""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    return set(getattr(metadata, "static_input_indices", None) or ())
 
 
 def _engine(config: CompilerConfig) -> str:

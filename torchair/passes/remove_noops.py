@@ -1,8 +1,9 @@
 """RemoveNoOpsPass: drop ops that return their input unchanged.
 
-Functionalization and decompositions leave such ops behind (``aten.clone`` of a value nobody
-mutates, ``view``/``reshape`` to the same shape, ``alias``, ``to``/``_to_copy`` to the same dtype
-and device, ``detach``). Each one is a launch on the host-scheduled path, so removing them helps.
+Functionalization and decompositions leave such ops behind (``view``/``reshape`` to the same
+shape, ``alias``, ``detach``). Each one is a launch on the host-scheduled path, so removing them
+helps. Copies (``clone``, ``_to_copy``) are kept: whether one is needed depends on aliasing that a
+later view or in-place write can make visible, and a wrong removal returns shared memory.
 """
 from __future__ import annotations
 
@@ -49,18 +50,14 @@ class RemoveNoOpsPass(GraphPass):
             return None
         if node.target in _IDENTITIES:
             return source if _same_meta(_val(source), _val(node)) else None
-        if node.target in _SAME_SHAPE_VIEWS or node.target in (aten.clone.default,
-                                                               aten._to_copy.default):
-            if node.target is aten._to_copy.default and set(node.kwargs) - {"dtype", "device",
-                                                                              "layout"}:
-                return None
+        if node.target in _SAME_SHAPE_VIEWS:
             return source if _same_meta(_val(source), _val(node)) else None
         return None
 
 
 def _is_output_or_mutated(source: fx.Node, node: fx.Node) -> bool:
     """Keep ops whose result is a graph output (AOT tracked its aliasing as it is) and ops next
-    to an in-place mutation (removing a copy there would make two values alias)."""
+    to an in-place mutation."""
     if any(user.op == "output" for user in node.users):
         return True
     for user in list(source.users) + list(node.users):

@@ -83,14 +83,26 @@ def value_dependent_uses(gm: fx.GraphModule) -> list[ValueDependentUse]:
     return uses
 
 
+# Checks on scalars (``torch._check``, value ranges): host work that returns nothing.
+_HOST_CHECKS = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default,
+                torch.ops.aten.sym_constrain_range_for_size.default}
+# Ops that read tensor data on the host (``.item()``, ``.tolist()``) or whose output shape
+# depends on data: the host must wait for the device, so the graph cannot be one launch unit.
+_HOST_SYNC_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+                  torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default,
+                  torch.ops.aten.unique_consecutive.default, torch.ops.aten.unique_dim.default}
+
+
 def host_scalar_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    """Scalar placeholders and the scalar arithmetic computed only from them (host work)."""
+    """Scalar placeholders, the scalar arithmetic computed only from them and checks on them
+    (host work, in graph order)."""
     scalars: list[fx.Node] = []
     known: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op == "placeholder" and _is_scalar_node(node):
             pass
-        elif node.op == "call_function" and _is_scalar_node(node) and _is_host_arith(node, known):
+        elif node.op == "call_function" and (_is_scalar_node(node) or node.target in _HOST_CHECKS) \
+                and _is_host_arith(node, known):
             pass
         else:
             continue
@@ -172,6 +184,22 @@ def analyze(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, tiling_sink: boo
             more = f" and {len(users) - 3} more" if len(users) > 3 else ""
             reasons.append(f"{what} is used by {ops}{more} outside a value-dependent argument, "
                            f"so the host must read it: pass it as a tensor, or make it a constant")
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _HOST_SYNC_OPS:
+            sinkable = False
+            reasons.append(f"op `{_target_name(node)}` (node `{node.name}`) reads tensor data on "
+                           f"the host (.item(), .tolist() or a data-dependent shape): the graph "
+                           f"cannot run as one launch unit; compute it outside the compiled "
+                           f"region or keep it on the device")
+    for use in uses:
+        for name in use.symbolic_args:
+            foreign = [v for v in _flat(_arg(use.node, name))
+                       if isinstance(v, fx.Node) and v not in scalar_set]
+            if foreign:
+                sinkable = False
+                reasons.append(f"op `{use.op_name}` (node `{use.node.name}`) takes `{name}` from "
+                               f"`{foreign[0].name}`, a value computed from tensor data in the "
+                               f"graph, which cannot be sunk: pass the values as a Python list")
     host_read = [u for u in uses if u.symbolic_args]
     if ir_static and not tiling_sink:
         for use in host_read:

@@ -30,7 +30,7 @@ class HostScalarProgram:
     """Computes the sunk buffer's values from one call's arguments (host side, no FX)."""
 
     input_indices: tuple[int, ...]  # argument positions of the scalar inputs
-    steps: tuple[tuple[Callable, tuple], ...]  # scalar arithmetic on earlier values
+    steps: tuple[tuple[Callable, tuple, dict], ...]  # scalar arithmetic and checks, in order
     slots: tuple[Any, ...]  # per buffer element: a _Ref into the values, or a constant int
     input_names: tuple[str, ...] = ()
 
@@ -39,8 +39,13 @@ class HostScalarProgram:
 
     def __call__(self, args: Sequence[Any]) -> list[int]:
         env = [args[i] for i in self.input_indices]
-        for fn, fn_args in self.steps:
-            env.append(fn(*[env[a.index] if isinstance(a, _Ref) else a for a in fn_args]))
+
+        def resolve(a: Any) -> Any:
+            return env[a.index] if isinstance(a, _Ref) else a
+
+        for fn, fn_args, fn_kwargs in self.steps:
+            env.append(fn(*fx.node.map_aggregate(fn_args, resolve),
+                          **fx.node.map_aggregate(fn_kwargs, resolve)))
         return [int(env[s.index]) if isinstance(s, _Ref) else int(s) for s in self.slots]
 
 
@@ -68,10 +73,9 @@ def sink_scalars(gm: fx.GraphModule, analysis: Analysis, input_names: Sequence[s
         if node.op == "placeholder":
             continue
         fn_args = fx.node.map_arg(node.args, lambda n: _Ref(index[n]))
-        if node.kwargs:
-            raise RuntimeError(f"sink_scalars: scalar node {node.name} has keyword arguments")
+        fn_kwargs = fx.node.map_arg(dict(node.kwargs), lambda n: _Ref(index[n]))
         index[node] = len(scalar_inputs) + len(steps)
-        steps.append((node.target, tuple(fn_args)))
+        steps.append((node.target, tuple(fn_args), fn_kwargs))
 
     new_placeholders = [val_map[n] for n in placeholders]
     with graph.inserting_after(new_placeholders[-1]):

@@ -1,54 +1,89 @@
 """Capture a launch function once and replay it: a CUDA graph, or its CPU emulation for tests.
 
-Both return ``(replay, static_outputs)``: ``replay()`` reruns the captured work on the same
-buffers and refreshes ``static_outputs`` in place. Capturing first warms up (kernels are loaded and
-autotuned outside the capture); inputs mutated in place are restored after the warm-up so the
-first call's mutation happens exactly once.
+Both return ``(replay, static_outputs, first_outputs)``. The first call's real run doubles as the
+warm-up (kernels loaded and autotuned outside the capture) and is the only run that executes
+before ``replay``: an input mutated in place (a KV cache) is updated exactly once, and no snapshot
+of it is needed. ``replay()`` reruns the captured work on the same buffers and refreshes
+``static_outputs`` in place.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-WARMUP_RUNS = 2
+aten = torch.ops.aten
 
-
-def _snapshot(args: Sequence[Any], mutated: set[int]) -> dict[int, torch.Tensor]:
-    return {i: args[i].clone() for i in mutated}
-
-
-def _restore(args: Sequence[Any], saved: dict[int, torch.Tensor]) -> None:
-    for i, value in saved.items():
-        args[i].copy_(value)
+# Ops that make the host read device data; inside a CUDA graph capture they fail or freeze a value.
+_HOST_SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default,
+                  aten.masked_select.default, aten.equal.default, aten.is_nonzero.default}
 
 
-def capture_emulated(fn: Callable, args: list, mutated: set[int]):
-    """CPU stand-in for a CUDA graph: same buffers, same static outputs, replay reruns ``fn``."""
-    saved = _snapshot(args, mutated)
-    static_outputs = [o.clone() if isinstance(o, torch.Tensor) else o for o in fn(args)]
-    _restore(args, saved)
+class NoHostSync(TorchDispatchMode):
+    """Rejects ops that read device data on the host: the CPU emulation's stand-in for what a
+    CUDA graph capture forbids, so CPU tests catch an uncapturable launch function."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _HOST_SYNC_OPS:
+            raise RuntimeError(f"{func} reads tensor data on the host, which a CUDA graph "
+                               f"capture cannot do; the captured launch must stay on the device")
+        return func(*args, **(kwargs or {}))
+
+
+def storage_groups(outputs: list) -> list[list[int]]:
+    """Positions of outputs that share one storage (views of each other), groups of 2 or more."""
+    by_storage: dict[int, list[int]] = {}
+    for i, o in enumerate(outputs):
+        if isinstance(o, torch.Tensor):
+            by_storage.setdefault(o.untyped_storage().data_ptr(), []).append(i)
+    return [g for g in by_storage.values() if len(g) > 1]
+
+
+def copy_outputs(outputs: list, groups: list[list[int]]) -> list:
+    """Fresh copies of ``outputs`` that keep the aliasing between them: each storage shared by
+    a group of outputs is copied once and the group's views are rebuilt on the copy."""
+    shared = {i for group in groups for i in group}
+    result = [o.clone() if isinstance(o, torch.Tensor) and i not in shared else o
+              for i, o in enumerate(outputs)]
+    for group in groups:
+        storage = outputs[group[0]].untyped_storage().clone()
+        for i in group:
+            o = outputs[i]
+            result[i] = torch.empty(0, dtype=o.dtype, device=o.device).set_(
+                storage, o.storage_offset(), o.size(), o.stride())
+    return result
+
+
+def capture_emulated(fn: Callable, args: list):
+    """CPU stand-in for a CUDA graph: same buffers, same static outputs, replay reruns ``fn``
+    under :class:`NoHostSync`."""
+    first = list(fn(args))
+    static_outputs = copy_outputs(first, storage_groups(first))
 
     def replay() -> None:
-        for buf, out in zip(static_outputs, fn(args)):
+        with NoHostSync():
+            outputs = fn(args)
+        for buf, out in zip(static_outputs, outputs):
             if isinstance(buf, torch.Tensor):
                 buf.copy_(out)
 
-    return replay, static_outputs
+    return replay, static_outputs, first
 
 
-def capture_cuda(fn: Callable, args: list, mutated: set[int], pool: Any = None):
-    """Capture ``fn(args)`` as one CUDA graph on ``args``'s buffers."""
-    saved = _snapshot(args, mutated)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(WARMUP_RUNS):
-            fn(args)
-    torch.cuda.current_stream().wait_stream(stream)
-    _restore(args, saved)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        static_outputs = list(fn(args))
-    return graph.replay, static_outputs
+def capture_cuda(fn: Callable, args: list, pool: Any, device: torch.device):
+    """Run ``fn(args)`` once for real on a side stream, then capture it as one CUDA graph."""
+    with torch.cuda.device(device):
+        current = torch.cuda.current_stream()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            first = list(fn(args))
+        current.wait_stream(stream)
+        for out in first:
+            if isinstance(out, torch.Tensor):
+                out.record_stream(current)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            static_outputs = list(fn(args))
+    return graph.replay, static_outputs, first

@@ -30,7 +30,13 @@ class SunkScalars:
 
     def stage(self, args: Sequence[Any]) -> torch.Tensor:
         values = self.program(args)
-        self.buffer.copy_(torch.tensor(values, dtype=torch.int64))
+        if self.buffer.device.type == "cuda":
+            # pinned + non_blocking: the host never waits for the device; the caching host
+            # allocator keeps the pinned block alive until the copy has run
+            host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
+            self.buffer.copy_(host, non_blocking=True)
+        else:
+            self.buffer.copy_(torch.tensor(values, dtype=torch.int64))
         return self.buffer
 
 
@@ -45,14 +51,18 @@ class InputStager:
         # frozen inputs (parameters under experimental_config.frozen_parameter) are never checked
         self.checked = [i for i in range(len(example)) if i not in frozen]
         self.static: list[Any] = []
+        self.compact: dict[int, tuple[torch.Tensor, list[int]]] = {}  # broadcast (stride 0) inputs
         for i, value in enumerate(example):
             if not isinstance(value, torch.Tensor) or i in borrowed or i in self.mutated:
                 self.static.append(value)
-            else:
-                buf = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype,
-                                          device=value.device)
-                buf.copy_(value)
-                self.static.append(buf)
+                continue
+            size = [1 if st == 0 else sz for sz, st in zip(value.size(), value.stride())]
+            base = torch.empty_strided(size, value.stride(), dtype=value.dtype,
+                                       device=value.device)
+            if size != list(value.size()):  # copy only the distinct elements of an expand
+                self.compact[i] = (base, size)
+            self.static.append(base.as_strided(value.size(), value.stride()))
+            self._copy_in(i, value)
         self.copies = 0  # tensors copied in since creation (diagnostics and tests)
 
     def stage(self, args: Sequence[Any]) -> list[tuple[int, torch.Tensor | None]]:
@@ -67,7 +77,7 @@ class InputStager:
                 continue
             self._check(i, arg, buf)
             saved = buf.clone() if i in self.borrowed else None
-            buf.copy_(arg)
+            self._copy_in(i, arg)
             self.copies += 1
             if saved is not None or i in self.mutated:
                 pending.append((i, saved))
@@ -82,9 +92,21 @@ class InputStager:
             if saved is not None:
                 self.static[i].copy_(saved)
 
+    def _copy_in(self, i: int, arg: torch.Tensor) -> None:
+        if i in self.compact:
+            base, size = self.compact[i]
+            base.copy_(arg.as_strided(size, arg.stride(), arg.storage_offset()))
+        else:
+            self.static[i].copy_(arg)
+
     def _check(self, i: int, arg: torch.Tensor, buf: torch.Tensor) -> None:
         if arg.shape != buf.shape or arg.dtype != buf.dtype or arg.device != buf.device:
             raise RuntimeError(
                 f"static launch unit: input {i} (`{self.names[i]}`) is {arg.dtype}"
                 f"{list(arg.shape)} on {arg.device}, but the unit was built for {buf.dtype}"
                 f"{list(buf.shape)} on {buf.device}; a static graph never runs other shapes")
+        if i in self.compact and arg.stride() != buf.stride():
+            raise RuntimeError(
+                f"static launch unit: input {i} (`{self.names[i]}`) has strides "
+                f"{list(arg.stride())}, but the unit was built for the broadcast strides "
+                f"{list(buf.stride())}; pass it expanded the same way")

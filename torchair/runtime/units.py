@@ -52,6 +52,11 @@ class _Capture:
     stager: InputStager
     replay: Callable[[], None]
     outputs: list
+    groups: list[list[int]]  # output positions sharing one storage (views of each other)
+
+    def copy_outputs(self, outputs: list) -> list:
+        """Fresh copies (static buffers are overwritten by the next replay)."""
+        return _capture.copy_outputs(outputs, self.groups)
 
 
 class HostUnit:
@@ -120,23 +125,25 @@ class StaticUnit:
         return outputs
 
     def _captured(self, engine: Engine, unit_args: list) -> Callable[[list], list]:
-        """Replay of captured work, one capture per set of borrowed input addresses (parameters
-        and in-place inputs of another model instance or another KV cache get their own), up to
-        ``MAX_CAPTURES``; beyond that inputs are copied in and out around a replay."""
+        """Replay of captured work, one capture per set of borrowed input addresses (parameters,
+        buffers and in-place inputs of another model instance or another KV cache get their
+        own), up to ``MAX_CAPTURES``; beyond that inputs are copied in and out around a replay."""
         captures: dict[tuple[int, ...], _Capture] = {}
-        keyed = sorted(self.borrowed - self.frozen)
+        keyed = sorted(self.borrowed | self.mutated)
         pool = torch.cuda.graph_pool_handle() if self.capture == "cuda" else None
 
         def run(call_args: list) -> list:
             key = tuple(call_args[i].data_ptr() for i in keyed)
             cap = captures.get(key)
             if cap is None and len(captures) < MAX_CAPTURES:
-                cap = captures[key] = self._capture_one(engine, call_args, pool)
+                cap, first = self._capture_one(engine, call_args, pool)
+                captures[key] = cap
                 if len(captures) > 1:
                     logger.info("graph %d: captured again for new addresses of its parameters or "
                                 "in-place inputs (%d captures)", self.report.graph_id,
                                 len(captures))
-            elif cap is None:
+                return cap.copy_outputs(first)  # the capture's real run was this call's launch
+            if cap is None:
                 cap = next(iter(captures.values()))
                 if not self._warned_copies:
                     self._warned_copies = True
@@ -144,20 +151,23 @@ class StaticUnit:
                                    "or in-place inputs; the others are copied in and out around "
                                    "each replay (slow)", self.report.graph_id, MAX_CAPTURES)
             pending = cap.stager.stage(call_args)
-            cap.replay()
-            cap.stager.finish(call_args, pending)
-            return [o.clone() if isinstance(o, torch.Tensor) else o for o in cap.outputs]
+            try:
+                cap.replay()
+            finally:
+                cap.stager.finish(call_args, pending)
+            return cap.copy_outputs(cap.outputs)
 
         return run
 
-    def _capture_one(self, engine: Engine, call_args: list, pool: Any) -> _Capture:
+    def _capture_one(self, engine: Engine, call_args: list, pool: Any) -> tuple[_Capture, list]:
         stager = InputStager(call_args, borrowed=self.borrowed | self._sunk_position(),
                              mutated=self.mutated, names=self.names, frozen=self.frozen)
         if self.capture == "cuda":
-            replay, outputs = _capture.capture_cuda(engine, stager.static, self.mutated, pool)
+            replay, outputs, first = _capture.capture_cuda(engine, stager.static, pool,
+                                                           _device_of(stager.static))
         else:
-            replay, outputs = _capture.capture_emulated(engine, stager.static, self.mutated)
-        return _Capture(stager, replay, outputs)
+            replay, outputs, first = _capture.capture_emulated(engine, stager.static)
+        return _Capture(stager, replay, outputs, _capture.storage_groups(first)), first
 
     def _sunk_position(self) -> set[int]:
         return {len(self.kept)} if self.program is not None else set()
