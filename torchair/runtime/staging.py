@@ -27,6 +27,7 @@ class SunkScalars:
     def __init__(self, program, device: torch.device) -> None:
         self.program = program
         self.buffer = torch.zeros(len(program), dtype=torch.int64, device=device)
+        self._host_view = _numpy_view(self.buffer)
 
     def stage(self, args: Sequence[Any]) -> torch.Tensor:
         values = self.program(args)
@@ -35,9 +36,21 @@ class SunkScalars:
             # allocator keeps the pinned block alive until the copy has run
             host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
             self.buffer.copy_(host, non_blocking=True)
+        elif self._host_view is not None:
+            self._host_view[:] = values  # in place through numpy: no tensor op on the hot path
         else:
             self.buffer.copy_(torch.tensor(values, dtype=torch.int64))
         return self.buffer
+
+
+def _numpy_view(buffer: torch.Tensor):
+    """A numpy view of a CPU buffer, or None (other device, or numpy not installed)."""
+    if buffer.device.type != "cpu":
+        return None
+    try:
+        return buffer.numpy()
+    except (RuntimeError, ImportError):
+        return None
 
 
 class InputStager:
