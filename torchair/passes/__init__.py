@@ -1,8 +1,9 @@
 """FX passes and the pass manager that owns their order.
 
 Order (each pass one file):
-1. ``remove_noops`` - drop identity ops left by functionalization (fewer host launches).
-2. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
+1. ``lower_prims`` - ``prims`` ops to ATen (prims run as slow Python references when run eagerly).
+2. ``remove_noops`` - drop identity ops left by functionalization (fewer host launches).
+3. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
    of copying whole inputs; it must see the final graph, so later passes go before it.
 Later passes (pattern fusion, scopes) are inserted before ``reinplace_inputs``, here only.
 """
@@ -12,13 +13,14 @@ import torch.fx as fx
 
 from torchair.core.utils import logger
 from torchair.passes._base import GraphPass
+from torchair.passes.lower_prims import LowerPrimsPass
 from torchair.passes.reinplace_inputs import ReinplaceInputsPass
 from torchair.passes.remove_noops import RemoveNoOpsPass
 
 
 def default_passes(config) -> list[GraphPass]:
     """The ordered pass list for ``config``."""
-    return [RemoveNoOpsPass(), ReinplaceInputsPass()]
+    return [LowerPrimsPass(), RemoveNoOpsPass(), ReinplaceInputsPass()]
 
 
 def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
@@ -34,4 +36,4 @@ def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
     return fired
 
 
-__all__ = ["GraphPass", "ReinplaceInputsPass", "RemoveNoOpsPass", "default_passes", "run_passes"]
+__all__ = ["GraphPass", "LowerPrimsPass", "ReinplaceInputsPass", "RemoveNoOpsPass", "default_passes", "run_passes"]
