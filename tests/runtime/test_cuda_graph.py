@@ -39,14 +39,15 @@ class Decode(torch.nn.Module):
         return h + self.down(torch.relu(self.up(h)))
 
 
-def test_path4_cuda_graph_replay_equals_eager():
+@pytest.mark.parametrize("run_eagerly", [True, False], ids=["fx-engine", "inductor-engine"])
+def test_path4_cuda_graph_replay_equals_eager(run_eagerly):
     device = torch.device("cuda")
     torch.manual_seed(0)
     model = Decode().to(device).eval()
     twin = Decode().to(device).eval()
     twin.load_state_dict(model.state_dict())
     config = torchair.CompilerConfig()
-    config.debug.run_eagerly = True
+    config.debug.run_eagerly = run_eagerly
     config.experimental_config.tiling_schedule_optimize = True
     counter = CompileCounterWithBackend(torchair.get_npu_backend(compiler_config=config))
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
