@@ -12,13 +12,6 @@ import torchair
 B, S, H = 2, 16, 32
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 class Attn(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

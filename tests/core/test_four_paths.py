@@ -34,13 +34,6 @@ LENGTH_SETS = [[5, 7], [3, 9], [1, 12], [16, 16], [0, 4], [10, 2]]
 POSITIONS = [3, 4, 5, 6, 7, 8]
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 class Decode(torch.nn.Module):
     """One decode step with a KV cache written in place."""
 

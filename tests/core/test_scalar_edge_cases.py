@@ -1,5 +1,4 @@
 """Host scalars in odd shapes: sums, torch._check, lengths read from tensor data."""
-import pytest
 import torch
 import torch._dynamo
 
@@ -26,13 +25,6 @@ def _qkv():
 def _attn(q, k, v, lengths):
     return torch.ops.npu.npu_incre_flash_attention(q, k, v, actual_seq_lengths=lengths,
                                                    num_heads=2)
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def _run(fn, lengths_seq, expected):

@@ -14,13 +14,6 @@ pytestmark = [pytest.mark.cuda,
 B, S, H, HEADS = 2, 64, 64, 4
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 class Decode(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -28,13 +28,6 @@ OP = "npu_incre_flash_attention"
 EMULATED = "captured replay (CPU emulation)"
 
 
-@pytest.fixture(autouse=True)
-def _reset_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 class Accumulate(torch.nn.Module):
     """A decode step whose cache updates are NOT idempotent: running it twice is visible."""
 
