@@ -68,7 +68,7 @@ class ExperimentalConfig(ConfigNode):
     frozen_parameter = Option(
         False,
         kind=BOOL,
-        doc="Treat parameters as frozen (same address and value on every call), so static launch units skip re-checking them.",
+        doc="TorchAir compatibility: parameters are frozen (same address and value on every call). Changes nothing yet: static launch units already use parameters in place.",
     )
 
 

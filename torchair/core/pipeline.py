@@ -118,8 +118,7 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
     return units.StaticUnit(gm, kept_inputs=kept, program=program, engine=engine,
                             capture=capture, borrowed=borrowed,
                             mutated={i.index for i in inputs if i.mutated}, names=names,
-                            report=report,
-                            frozen=config.experimental_config.frozen_parameter)
+                            report=report)
 
 
 def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilerConfig,

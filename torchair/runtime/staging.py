@@ -9,8 +9,6 @@ Policy per tensor input:
   with another tensor has it copied in (the borrowed contents saved), copied back out after the
   launch when it was mutated, and the borrowed tensor restored: the other caller's tensor is never
   changed. Launch units avoid that slow path by capturing once per set of borrowed addresses.
-- *frozen* (parameters with ``experimental_config.frozen_parameter``): borrowed and never checked
-  again, the caller promises they keep their address and value.
 - *owned* (everything else): a static buffer of the same shape and strides, copied into on every
   call unless the caller already passes that very buffer.
 """
@@ -57,12 +55,10 @@ class InputStager:
     """Keeps one static buffer per graph input and copies each call's inputs into it."""
 
     def __init__(self, example: Sequence[Any], *, borrowed: set[int], mutated: set[int],
-                 names: Sequence[str], frozen: set[int] = frozenset()) -> None:
+                 names: Sequence[str]) -> None:
         self.names = list(names)
         self.mutated = set(mutated)
         self.borrowed = set(borrowed) | self.mutated
-        # frozen inputs (parameters under experimental_config.frozen_parameter) are never checked
-        self.checked = [i for i in range(len(example)) if i not in frozen]
         self.static: list[Any] = []
         self.compact: dict[int, tuple[torch.Tensor, list[int]]] = {}  # broadcast (stride 0) inputs
         for i, value in enumerate(example):
@@ -82,8 +78,7 @@ class InputStager:
         """Copy ``args`` into the static buffers. Returns what :meth:`finish` must undo: for a
         borrowed buffer (another caller's tensor) its saved contents."""
         pending = []
-        for i in self.checked:
-            arg, buf = args[i], self.static[i]
+        for i, (arg, buf) in enumerate(zip(args, self.static)):
             if not isinstance(buf, torch.Tensor) or arg is buf:
                 continue
             if arg.data_ptr() == buf.data_ptr() and arg.stride() == buf.stride():

@@ -75,7 +75,7 @@ class StaticUnit:
     def __init__(self, gm: fx.GraphModule, *, kept_inputs: Sequence[int],
                  program: HostScalarProgram | None, engine: str, capture: str | None,
                  borrowed: set[int], mutated: set[int], names: Sequence[str],
-                 report: GraphReport, frozen: bool = False) -> None:
+                 report: GraphReport) -> None:
         self.gm = gm
         self.kept = tuple(kept_inputs)
         self.program = program
@@ -85,7 +85,6 @@ class StaticUnit:
         where = {orig: pos for pos, orig in enumerate(self.kept)}
         self.borrowed = {where[i] for i in borrowed if i in where}
         self.mutated = {where[i] for i in mutated if i in where}
-        self.frozen = self.borrowed if frozen else set()
         self.names = [names[i] for i in self.kept] + (["sunk_scalars"] if program else [])
         self.report = report
         self.sunk: SunkScalars | None = None
@@ -161,7 +160,7 @@ class StaticUnit:
 
     def _capture_one(self, engine: Engine, call_args: list, pool: Any) -> tuple[_Capture, list]:
         stager = InputStager(call_args, borrowed=self.borrowed | self._sunk_position(),
-                             mutated=self.mutated, names=self.names, frozen=self.frozen)
+                             mutated=self.mutated, names=self.names)
         if self.capture == "cuda":
             replay, outputs, first = _capture.capture_cuda(engine, stager.static, pool,
                                                            _device_of(stager.static))

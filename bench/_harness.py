@@ -1,0 +1,285 @@
+"""Shared helpers for the benchmarks under ``bench/``: machine description, interleaved timing,
+summary statistics, a plain-text table and JSON output.
+
+Timing model: every variant is a callable ``fn(step)`` that runs one step. A *round* runs all
+steps of one variant back to back, timing each call separately (``time.perf_counter``, with
+``torch.cuda.synchronize()`` after the call on CUDA). Rounds are interleaved: round ``r`` runs
+every variant once, starting at variant ``r mod n`` so that no variant always goes first or always
+follows the same neighbour. Speed ratios are therefore measured side by side, in one process, under
+the same machine load; comparing numbers across runs or machines is not meaningful.
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+
+
+# ------------------------------------------------------------------------------ machine
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "hardware", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH_DIR,
+                             capture_output=True, text=True, timeout=5, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=BENCH_DIR, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def load_average() -> list[float] | None:
+    """1/5/15-minute load averages (other processes on the machine skew CPU timings)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    """What the numbers were measured on: platform, CPU, thread count, versions, GPU."""
+    try:
+        import torchair
+        torchair_version = getattr(torchair, "__version__", "unknown")
+    except ImportError:
+        torchair_version = None
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": _cpu_model(),
+        "nproc": _usable_cpus(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_num_threads": torch.get_num_threads(),
+        "torchair": torchair_version,
+        "git_commit": _git_commit(),
+        "device": device,
+        "load_average_at_start": load_average(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update({
+            "gpu_name": props.name,
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "gpu_capability": f"{props.major}.{props.minor}",
+            "cuda": torch.version.cuda,
+        })
+    return info
+
+
+def busy_warning(info: Mapping[str, Any]) -> str | None:
+    """A warning when other processes keep the CPU busy: with several torch threads, each
+    OpenMP parallel region then waits for a descheduled thread, and CPU per-step times can grow
+    tenfold, in proportion to the number of parallel regions rather than to the work."""
+    load = info.get("load_average_at_start")
+    if info.get("device") != "cpu" or not load:
+        return None
+    if load[0] < 0.5 * info.get("nproc", 1):
+        return None
+    return (f"WARNING: load average {load[0]} on {info['nproc']} CPUs before the run: other "
+            f"processes compete for the CPUs; with {info['torch_num_threads']} torch threads the "
+            f"timings measure OpenMP waits as much as the code (try --threads 1 or a quiet "
+            f"machine)")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def machine_tag(info: Mapping[str, Any]) -> str:
+    """A short file-name tag: ``cpu-2core`` on CPU, the GPU name slug on CUDA."""
+    if info.get("device") == "cuda" and info.get("gpu_name"):
+        return _slug(str(info["gpu_name"]))
+    return f"cpu-{info.get('nproc', os.cpu_count())}core"
+
+
+def format_machine(info: Mapping[str, Any]) -> str:
+    lines = [f"platform : {info['platform']} (python {info['python']})",
+             f"cpu      : {info['cpu_model']}, nproc {info['nproc']}, "
+             f"torch threads {info['torch_num_threads']}, load average "
+             f"{info.get('load_average_at_start')}",
+             f"torch    : {info['torch']}   torchair {info['torchair']}   "
+             f"commit {info.get('git_commit')}"]
+    if info.get("gpu_name"):
+        lines.append(f"gpu      : {info['gpu_name']} ({info['gpu_memory_gib']} GiB, "
+                     f"sm {info['gpu_capability']}, CUDA {info['cuda']})")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ timing
+
+def synchronizer(device: str) -> Callable[[], None]:
+    """``torch.cuda.synchronize`` on CUDA, a no-op elsewhere."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def time_calls(fn: Callable[[int], Any], steps: Sequence[int],
+               sync: Callable[[], None]) -> list[float]:
+    """Seconds of each ``fn(step)`` call, synchronized, in order."""
+    times = []
+    perf = time.perf_counter
+    for step in steps:
+        sync()
+        start = perf()
+        fn(step)
+        sync()
+        times.append(perf() - start)
+    return times
+
+
+def interleaved_rounds(variants: Mapping[str, Callable[[int], Any]],
+                       steps_of_round: Callable[[int], Sequence[int]], rounds: int,
+                       sync: Callable[[], None], *,
+                       before_round: Callable[[str, int], None] | None = None,
+                       after_round: Callable[[str, int], None] | None = None,
+                       collect_garbage: bool = True) -> dict[str, list[list[float]]]:
+    """Per-step seconds of every variant, ``result[name][round][i]``.
+
+    Round ``r`` runs ``fn(step)`` for each step in ``steps_of_round(r)``, for every variant, in
+    an order rotated by ``r``. ``before_round``/``after_round`` run outside the timed region (for
+    bookkeeping such as recompile counters). The garbage collector is run before and disabled
+    during each variant's round when ``collect_garbage``.
+    """
+    names = list(variants)
+    result: dict[str, list[list[float]]] = {name: [] for name in names}
+    for r in range(rounds):
+        steps = list(steps_of_round(r))
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            if before_round is not None:
+                before_round(name, r)
+            if collect_garbage:
+                gc.collect()
+                gc.disable()
+            try:
+                result[name].append(time_calls(variants[name], steps, sync))
+            finally:
+                if collect_garbage:
+                    gc.enable()
+            if after_round is not None:
+                after_round(name, r)
+    return result
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` in [0, 100] of already sorted values."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarize(rounds: Sequence[Sequence[float]], scale: float = 1e6) -> dict[str, Any]:
+    """Median / p10 / p90 / mean / min of all per-step times (seconds, reported x ``scale``;
+    default microseconds) plus the median of each round, to show round-to-round drift."""
+    flat = sorted(t for rnd in rounds for t in rnd)
+    per_round = [percentile(sorted(rnd), 50) * scale for rnd in rounds if rnd]
+    return {
+        "n": len(flat),
+        "median": percentile(flat, 50) * scale,
+        "p10": percentile(flat, 10) * scale,
+        "p90": percentile(flat, 90) * scale,
+        "mean": (sum(flat) / len(flat) * scale) if flat else float("nan"),
+        "min": (flat[0] * scale) if flat else float("nan"),
+        "round_medians": per_round,
+    }
+
+
+def paired_ratios(baseline: Sequence[Sequence[float]],
+                  other: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Per-round speedup ``median(baseline round r) / median(other round r)``.
+
+    Both ran in the same round, close together in time, so a change of machine load between
+    rounds (other processes) affects both; the median of these ratios is steadier than the ratio
+    of the overall medians when the load fluctuates."""
+    ratios = sorted(percentile(sorted(b), 50) / percentile(sorted(o), 50)
+                    for b, o in zip(baseline, other) if b and o)
+    return {"n_rounds": len(ratios), "median": percentile(ratios, 50),
+            "p10": percentile(ratios, 10), "p90": percentile(ratios, 90)}
+
+
+# ------------------------------------------------------------------------------ output
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table; numbers are right-aligned."""
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_number(row[i]) for row in rows) if rows else False
+               for i in range(len(headers))]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if numeric[i] else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+
+    out = [line(cells[0]), line(["-" * w for w in widths])]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        if v != v:  # nan
+            return "-"
+        return f"{v:.2f}" if abs(v) < 100 else f"{v:.0f}"
+    return "-" if v is None else str(v)
+
+
+def save_json(path: str | os.PathLike, payload: Any) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=2, sort_keys=False, default=_json_default)
+        f.write("\n")
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return str(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    return repr(obj)
+
+
+def command_line() -> str:
+    return " ".join([Path(sys.executable).name] + sys.argv)

@@ -1,0 +1,529 @@
+"""Per-step latency of a small decoder step: eager vs torch.compile (Inductor) vs torchair path 4.
+
+The step: ``--layers`` decoder layers of RMSNorm -> q/k/v projections (GQA) -> in-place KV-cache
+write at ``pos`` (``index_copy_``) -> ``torch.ops.npu.npu_incre_flash_attention`` with
+``actual_seq_lengths`` -> output projection -> RMSNorm -> SwiGLU MLP, then a final RMSNorm. The
+KV caches are preallocated (``--capacity`` positions) and every call of the process, compile and
+check calls included, gets a new set of lengths (each sequence grows by one per step), so no
+variant can reuse per-length artifacts from an earlier call.
+
+Variants (all measured side by side in one process, interleaved rounds, see ``_harness.py``):
+
+- ``eager``: the module called directly.
+- ``inductor``: ``torch.compile(backend="inductor", dynamic=True, fullgraph=True)`` with every
+  tensor input ``mark_static``; the lengths are SymInts, so one compile serves every step (with
+  ``dynamic=False`` the lengths would be constants and Inductor would recompile on every step).
+- ``torchair``: torchair path 4: ``dynamic=True`` + ``mark_static`` +
+  ``experimental_config.tiling_schedule_optimize`` (lengths sunk into a device buffer, one static
+  launch unit), default engine (Inductor).
+- ``torchair-fx``: the same with ``debug.run_eagerly=True`` (FX engine: ATen ops one by one).
+- ``reduce-overhead`` (CUDA only): ``torch.compile(mode="reduce-overhead", dynamic=True,
+  fullgraph=True)``, KV caches ``mark_static_address``. Inductor's CUDA graphs key on the SymInt
+  values, so new lengths every step mean no replay of an earlier recording.
+
+Each compiled variant is checked against eager (outputs of ``--check-steps`` steps and the final
+KV caches, ``allclose``) before timing; the result is recorded, nothing about speed is asserted.
+
+    python bench/bench_decode_step.py                 # defaults: batch 1 and 8, 2 layers
+    python bench/bench_decode_step.py --quick         # tiny smoke test (< 1 minute on 2 CPU cores)
+    python bench/bench_decode_step.py --device cpu --batch 1 4 --steps 30 --rounds 5
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as H  # noqa: E402
+
+import torchair  # noqa: E402  (registers torch.ops.npu.*)
+
+ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-fx", "reduce-overhead")
+
+
+# ------------------------------------------------------------------------------ model
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    capacity: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_hidden(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+class RMSNorm(torch.nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1.0 + 0.1 * torch.randn(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x32.to(x.dtype) * self.weight
+
+
+class DecoderLayer(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = RMSNorm(cfg.hidden)
+        self.q = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.k = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
+        self.v = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
+        self.o = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.mlp_norm = RMSNorm(cfg.hidden)
+        self.gate = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.up = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.down = torch.nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+
+    def forward(self, h, pos, lens: list[int], k_cache, v_cache):
+        cfg = self.cfg
+        a = self.attn_norm(h)
+        q, k, v = self.q(a), self.k(a), self.v(a)
+        k_cache.index_copy_(1, pos, k)  # [B, 1, H_kv] into [B, S, H_kv] at column pos, in place
+        v_cache.index_copy_(1, pos, v)
+        attn = torch.ops.npu.npu_incre_flash_attention(
+            q, k_cache, v_cache, actual_seq_lengths=lens, num_heads=cfg.heads,
+            num_key_value_heads=cfg.kv_heads, input_layout="BSH",
+            scale_value=cfg.head_dim ** -0.5)
+        h = h + self.o(attn)
+        m = self.mlp_norm(h)
+        return h + self.down(F.silu(self.gate(m)) * self.up(m))
+
+
+class DecoderStep(torch.nn.Module):
+    """One decode step of a ``cfg.layers``-layer decoder: ``x [B, 1, hidden]`` -> same shape."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden)
+
+    def forward(self, x, pos, lens: list[int], k_caches: list[torch.Tensor],
+                v_caches: list[torch.Tensor]):
+        h = x
+        for i, layer in enumerate(self.layers):
+            h = layer(h, pos, lens, k_caches[i], v_caches[i])
+        return self.norm(h)
+
+
+# ------------------------------------------------------------------------------ inputs
+
+@dataclasses.dataclass
+class StepInput:
+    x: torch.Tensor
+    pos: torch.Tensor
+    lens: list[int]
+
+
+def make_schedule(cfg: ModelConfig, batch: int, n_calls: int, device: str, dtype: torch.dtype,
+                  seed: int) -> list[StepInput]:
+    """``n_calls`` step inputs whose lengths are new at every call: sequence ``b`` has length
+    ``base_b + i`` at call ``i``; the new token goes to column ``pos = min(lens) - 1`` (one
+    column for the whole batch, as ``index_copy_`` writes). Bases are distinct and >= 2, so the
+    first call's lengths are distinct values >= 2 (Dynamo specializes 0 and 1)."""
+    room = cfg.capacity - n_calls
+    if room < 2 + batch:
+        raise SystemExit(f"--capacity {cfg.capacity} is too small for {n_calls} calls at batch "
+                         f"{batch}; raise --capacity or lower --steps/--rounds")
+    rng = random.Random(seed)
+    lo = max(2, room // 2)
+    if room - lo + 1 < batch:
+        lo = 2
+    bases = rng.sample(range(lo, room + 1), batch)
+    gen = torch.Generator().manual_seed(seed)
+    steps = []
+    for i in range(n_calls):
+        lens = [b + i for b in bases]
+        x = torch.randn(batch, 1, cfg.hidden, generator=gen).to(device=device, dtype=dtype)
+        pos = torch.tensor([min(lens) - 1], dtype=torch.int64, device=device)
+        steps.append(StepInput(x, pos, lens))
+    return steps
+
+
+# ------------------------------------------------------------------------------ variants
+
+@dataclasses.dataclass
+class Variant:
+    name: str
+    describe: str
+    compiled: Callable
+    k_caches: list[torch.Tensor]
+    v_caches: list[torch.Tensor]
+    before_call: Callable[[], None] | None = None
+    result: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, step: StepInput) -> torch.Tensor:
+        if self.before_call is not None:
+            self.before_call()
+        return self.compiled(step.x, step.pos, step.lens, self.k_caches, self.v_caches)
+
+
+def _torchair_backend(run_eagerly: bool) -> Callable:
+    cfg = torchair.CompilerConfig()
+    cfg.experimental_config.tiling_schedule_optimize = True
+    cfg.debug.run_eagerly = run_eagerly
+    return torchair.get_npu_backend(compiler_config=cfg)
+
+
+def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
+                 init_v: list[torch.Tensor]) -> Variant:
+    k_caches = [t.clone() for t in init_k]
+    v_caches = [t.clone() for t in init_v]
+    for t in k_caches + v_caches:
+        torch._dynamo.mark_static(t)
+    before_call = None
+    if name == "eager":
+        compiled, describe = model, "the module called directly (no_grad)"
+    elif name == "inductor":
+        compiled = torch.compile(model, backend="inductor", dynamic=True, fullgraph=True)
+        describe = ("torch.compile(backend='inductor', dynamic=True, fullgraph=True), tensors "
+                    "mark_static, lengths SymInts (one compile for all lengths)")
+    elif name == "torchair":
+        compiled = torch.compile(model, backend=_torchair_backend(False), dynamic=True,
+                                 fullgraph=True)
+        describe = ("torchair path 4: dynamic=True + mark_static + tiling_schedule_optimize, "
+                    "default engine (Inductor)")
+    elif name == "torchair-fx":
+        compiled = torch.compile(model, backend=_torchair_backend(True), dynamic=True,
+                                 fullgraph=True)
+        describe = "torchair path 4 with debug.run_eagerly=True (FX engine)"
+    elif name == "reduce-overhead":
+        for t in k_caches + v_caches:
+            torch._dynamo.mark_static_address(t)
+        compiled = torch.compile(model, mode="reduce-overhead", dynamic=True, fullgraph=True)
+        before_call = torch.compiler.cudagraph_mark_step_begin
+        describe = ("torch.compile(mode='reduce-overhead', dynamic=True, fullgraph=True), "
+                    "tensors mark_static, KV caches mark_static_address")
+    else:
+        raise ValueError(name)
+    return Variant(name, describe, compiled, k_caches, v_caches, before_call)
+
+
+def reset_caches(variant: Variant, init_k: list[torch.Tensor],
+                 init_v: list[torch.Tensor]) -> None:
+    """Back to the initial cache content, in place (static units keep the same buffers)."""
+    with torch.no_grad():
+        for dst, src in zip(variant.k_caches + variant.v_caches, init_k + init_v):
+            dst.copy_(src)
+
+
+def _unique_graphs() -> int:
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def _cudagraph_counters() -> dict[str, Any]:
+    out = {}
+    for key, counter in torch._dynamo.utils.counters.get("inductor", {}).items():
+        if "cudagraph" in key:
+            out[key] = counter
+    return out
+
+
+# ------------------------------------------------------------------------------ one batch size
+
+def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: str,
+              dtype: torch.dtype) -> dict[str, Any]:
+    torch._dynamo.reset()
+    sync = H.synchronizer(device)
+    torch.manual_seed(args.seed)
+    model = DecoderStep(cfg).to(device=device, dtype=dtype).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    init_k = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
+              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
+    init_v = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
+              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
+
+    n_warm = 2  # first call compiles; the second (new lengths) shows whether anything recompiles
+    n_calls = n_warm + args.check_steps + args.rounds * args.steps
+    schedule = make_schedule(cfg, batch, n_calls, device, dtype, args.seed + batch)
+    for s in schedule:
+        torch._dynamo.mark_static(s.x)
+        torch._dynamo.mark_static(s.pos)
+    warm = schedule[:n_warm]
+    check = schedule[n_warm:n_warm + args.check_steps]
+    timed_start = n_warm + args.check_steps
+
+    variants = [make_variant(n, model, init_k, init_v) for n in args.variants]
+    rtol, atol = (1e-4, 1e-4) if dtype == torch.float32 else (2e-2, 2e-2)
+    print(f"\n== batch {batch}: {cfg.layers} layers, hidden {cfg.hidden}, heads {cfg.heads}/"
+          f"{cfg.kv_heads} kv, head dim {cfg.head_dim}, MLP {cfg.intermediate}, KV capacity "
+          f"{cfg.capacity}, {dtype}, lengths {warm[0].lens[:4]}{'...' if batch > 4 else ''} "
+          f"at the first call", flush=True)
+
+    ref_out: list[torch.Tensor] = []
+    ref_caches: list[torch.Tensor] = []
+    with torch.no_grad():
+        for v in variants:
+            res = v.result
+            res["describe"] = v.describe
+            try:
+                graphs0, reports0 = _unique_graphs(), len(torchair.graph_reports())
+                sync()
+                t0 = time.perf_counter()
+                v(warm[0])
+                sync()
+                res["first_call_s"] = time.perf_counter() - t0
+                graphs1 = _unique_graphs()
+                t0 = time.perf_counter()
+                v(warm[1])
+                sync()
+                res["second_call_s"] = time.perf_counter() - t0
+                res["graphs_compiled"] = graphs1 - graphs0
+                res["recompiles_warmup"] = _unique_graphs() - graphs1
+                reports = torchair.graph_reports()[reports0:]
+                if reports:
+                    res["torchair_reports"] = [_report_dict(r) for r in reports]
+                if v.name == "reduce-overhead":
+                    res["cudagraph_counters"] = _cudagraph_counters()
+                # correctness against eager, from the same initial caches
+                reset_caches(v, init_k, init_v)
+                graphs_before_check = _unique_graphs()
+                outs = [v(s).clone() for s in check]
+                sync()
+                res["recompiles_check"] = _unique_graphs() - graphs_before_check
+                caches = v.k_caches + v.v_caches
+                if v.name == "eager":
+                    ref_out, ref_caches = outs, [c.clone() for c in caches]
+                    res["check"] = "reference"
+                else:
+                    err = max([(o.float() - r.float()).abs().max().item()
+                               for o, r in zip(outs, ref_out)] + [0.0])
+                    cache_err = max([(c.float() - r.float()).abs().max().item()
+                                     for c, r in zip(caches, ref_caches)] + [0.0])
+                    ok = (all(torch.allclose(o, r, rtol=rtol, atol=atol)
+                              for o, r in zip(outs, ref_out))
+                          and all(torch.allclose(c, r, rtol=rtol, atol=atol)
+                                  for c, r in zip(caches, ref_caches)))
+                    res.update(check="ok" if ok else "MISMATCH", max_abs_err=err,
+                               cache_max_abs_err=cache_err, rtol=rtol, atol=atol)
+                reset_caches(v, init_k, init_v)
+                res["ok_to_time"] = True
+            except Exception as exc:  # noqa: BLE001 - record and go on with the other variants
+                res["error"] = f"{type(exc).__name__}: {exc}"
+                res["traceback"] = traceback.format_exc()
+                res["ok_to_time"] = False
+                print(f"  {v.name}: FAILED: {res['error'].splitlines()[0][:300]}", flush=True)
+                continue
+            extra = ""
+            for r in res.get("torchair_reports", []):
+                extra += (f" [graph {r['graph_id']}: path {r['path']}, build "
+                          f"{'static' if r['build_static'] else 'dynamic'}, {r['engine']} "
+                          f"engine, {r['launch']}]")
+            print(f"  {v.name:16s} first call {res['first_call_s']:6.2f} s, second "
+                  f"{res['second_call_s'] * 1e3:8.2f} ms, graphs {res['graphs_compiled']}, "
+                  f"recompiles {res['recompiles_warmup'] + res['recompiles_check']}, check "
+                  f"{res['check']}{extra}", flush=True)
+
+        timed = {v.name: v for v in variants if v.result.get("ok_to_time")}
+        recompiles = {name: 0 for name in timed}
+        marks: dict[str, int] = {}
+
+        def before_round(name: str, r: int) -> None:
+            marks[name] = _unique_graphs()
+
+        def after_round(name: str, r: int) -> None:
+            recompiles[name] += _unique_graphs() - marks[name]
+
+        def steps_of_round(r: int) -> range:
+            start = timed_start + r * args.steps
+            return range(start, start + args.steps)
+
+        fns = {name: (lambda i, v=v: v(schedule[i])) for name, v in timed.items()}
+        t0 = time.perf_counter()
+        rounds = H.interleaved_rounds(fns, steps_of_round, args.rounds, sync,
+                                      before_round=before_round, after_round=after_round)
+        print(f"  timed {args.rounds} rounds x {args.steps} steps x {len(fns)} variants in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+
+    eager_median = None
+    if "eager" in rounds:
+        eager_median = H.summarize(rounds["eager"])["median"]
+    load = H.load_average()
+    out: dict[str, Any] = {"batch": batch, "variants": {}}
+    for v in variants:
+        res = dict(v.result)
+        res.pop("ok_to_time", None)
+        if v.name in rounds:
+            stats = H.summarize(rounds[v.name])
+            res["per_step_us"] = stats
+            res["recompiles_timed"] = recompiles[v.name]
+            if eager_median:
+                res["speedup_vs_eager"] = eager_median / stats["median"]
+                res["speedup_vs_eager_paired"] = H.paired_ratios(rounds["eager"],
+                                                                 rounds[v.name])
+        out["variants"][v.name] = res
+    out["load_average_after_timing"] = load
+    return out
+
+
+def _sci(value: float | None) -> str | None:
+    return None if value is None else f"{value:.1e}"
+
+
+def _report_dict(r: Any) -> dict[str, Any]:
+    return {"graph_id": r.graph_id, "path": r.path, "fx_static": r.fx_static,
+            "ir_static": r.ir_static, "build_static": r.build_static, "engine": r.engine,
+            "launch": r.launch, "build_seconds": r.build_seconds,
+            "sunk_inputs": list(r.sunk_inputs), "reasons": list(r.reasons)}
+
+
+# ------------------------------------------------------------------------------ main
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"),
+                   default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch", type=int, nargs="+", default=None, help="batch sizes (default 1 8)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="timed steps per round (default 10); each variant runs --rounds x "
+                        "--steps timed steps")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="interleaved rounds; each variant runs --steps steps per round "
+                        "(default 30)")
+    p.add_argument("--check-steps", type=int, default=None,
+                   help="steps compared against eager before timing (default 3)")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default 2)")
+    p.add_argument("--hidden", type=int, default=None, help="hidden size (default 512)")
+    p.add_argument("--heads", type=int, default=None, help="query heads (default 8)")
+    p.add_argument("--kv-heads", type=int, default=None, help="kv heads, GQA (default 2)")
+    p.add_argument("--intermediate", type=int, default=None, help="MLP size (default 3*hidden)")
+    p.add_argument("--capacity", type=int, default=None, help="KV cache positions (default 1024)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="default float32 on CPU, float16 on CUDA")
+    p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS, default=None,
+                   help="default: all (reduce-overhead only on CUDA); eager is always included")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads (default: leave torch's default)")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="let Inductor use its on-disk caches (default: caches disabled, so the "
+                        "first-call times are cold compile times)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny model, few steps: a smoke test that finishes in well under a minute")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default bench/results/decode_step_<machine-tag>[_quick].json)")
+    args = p.parse_args(argv)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available")
+    quick = dict(batch=[2], steps=4, rounds=3, check_steps=2, layers=1, hidden=64, heads=4,
+                 kv_heads=2, intermediate=128, capacity=64)
+    full = dict(batch=[1, 8], steps=10, rounds=30, check_steps=3, layers=2, hidden=512, heads=8,
+                kv_heads=2, intermediate=None, capacity=1024)
+    for key, value in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.intermediate is None:
+        args.intermediate = 3 * args.hidden
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        p.error("--hidden must be a multiple of --heads, and --heads of --kv-heads")
+    if args.dtype is None:
+        args.dtype = "float16" if args.device == "cuda" else "float32"
+    variants = args.variants or [v for v in ALL_VARIANTS
+                                 if v != "reduce-overhead" or args.device == "cuda"]
+    args.variants = ["eager"] + [v for v in dict.fromkeys(variants) if v != "eager"]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.perf_counter()
+    args = parse_args(argv)
+    device, dtype = args.device, getattr(torch, args.dtype)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if not args.warm_cache:
+        import torch._inductor.config as inductor_config
+        inductor_config.force_disable_caches = True
+    info = H.machine_info(device)
+    tag = H.machine_tag(info)
+    if args.threads is not None:
+        tag += f"-{args.threads}thread"
+    print("decode-step benchmark: per-step latency, variants interleaved in one run")
+    print(H.format_machine(info))
+    busy = H.busy_warning(info)
+    if busy:
+        print(busy)
+    cfg = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                      kv_heads=args.kv_heads, intermediate=args.intermediate,
+                      capacity=args.capacity)
+
+    batches = [run_batch(args, cfg, b, device, dtype) for b in args.batch]
+
+    headers = ["batch", "variant", "first call s", "check", "max err", "recompiles",
+               "median us", "p10 us", "p90 us", "speedup", "paired"]
+    rows = []
+    for b in batches:
+        for name, res in b["variants"].items():
+            stats = res.get("per_step_us", {})
+            recompiles = None
+            if "recompiles_timed" in res:
+                recompiles = (res.get("recompiles_warmup", 0) + res.get("recompiles_check", 0)
+                              + res["recompiles_timed"])
+            rows.append([b["batch"], name, res.get("first_call_s"),
+                         res.get("check", "error" if "error" in res else None),
+                         _sci(res.get("max_abs_err")), recompiles, stats.get("median"),
+                         stats.get("p10"), stats.get("p90"), res.get("speedup_vs_eager"),
+                         res.get("speedup_vs_eager_paired", {}).get("median")])
+    print("\nper-step latency (median, p10, p90 over all timed steps of all rounds); speedup ="
+          " eager median / variant median, measured side by side in this run; paired = median"
+          " over rounds of the same ratio within one round")
+    print("first call s = the compiling call; recompiles = new graphs after the first call "
+          "(every call has new lengths)")
+    print(H.format_table(headers, rows))
+    print("\nvariants:")
+    for name in args.variants:
+        describe = next((b["variants"][name].get("describe") for b in batches
+                         if name in b["variants"]), "")
+        print(f"  {name:16s} {describe}")
+
+    payload = {
+        "benchmark": "decode_step",
+        "command": H.command_line(),
+        "machine": info,
+        "machine_tag": tag,
+        "config": {**dataclasses.asdict(cfg), "head_dim": cfg.head_dim, "dtype": args.dtype,
+                   "device": device, "batches": args.batch, "steps_per_round": args.steps,
+                   "rounds": args.rounds, "check_steps": args.check_steps,
+                   "quick": args.quick, "seed": args.seed,
+                   "inductor_caches": "warm (on-disk caches allowed)" if args.warm_cache
+                   else "disabled (cold compiles)"},
+        "method": ("per-step wall time (time.perf_counter, torch.cuda.synchronize on CUDA) of "
+                   "each call; variants interleaved in rounds with rotated order; every call "
+                   "uses new actual_seq_lengths; units microseconds"),
+        "results": batches,
+        "load_average_at_end": H.load_average(),
+        "total_runtime_s": time.perf_counter() - start,
+    }
+    out = args.out or H.RESULTS_DIR / f"decode_step_{tag}{'_quick' if args.quick else ''}.json"
+    path = H.save_json(out, payload)
+    print(f"\nsaved {path} (total {payload['total_runtime_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
