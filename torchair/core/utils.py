@@ -5,8 +5,12 @@ control verbosity the TorchAir way: ``logger.setLevel(logging.DEBUG)``.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+import time
+from typing import Iterator
 
 logger = logging.getLogger("torchair")
 
@@ -17,4 +21,26 @@ if not logger.handlers:
     logger.propagate = False
     logger.setLevel(os.environ.get("TORCHAIR_LOG_LEVEL", "WARNING").upper())
 
-__all__ = ["logger"]
+__all__ = ["logger", "progress"]
+
+
+@contextlib.contextmanager
+def progress(what: str, every: float = 10.0) -> Iterator[None]:
+    """Log ``what`` at INFO, then a "still ..." line every ``every`` seconds until the block ends,
+    and the time it took: long compiles show they are alive."""
+    start = time.perf_counter()
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every):
+            logger.info("%s: still running (%.0f s)", what, time.perf_counter() - start)
+
+    logger.info("%s ...", what)
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        logger.info("%s: done in %.1f s", what, time.perf_counter() - start)

@@ -9,12 +9,11 @@ If Inductor fails, the FX engine takes over with a warning naming the error.
 from __future__ import annotations
 
 import copy
-import time
 from typing import Any, Callable, Sequence
 
 import torch.fx as fx
 
-from torchair.core.utils import logger
+from torchair.core.utils import logger, progress
 
 Engine = Callable[[list], Sequence[Any]]
 
@@ -39,13 +38,11 @@ def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
     """Compile ``gm`` with Inductor for ``example_inputs``; returns (engine, engine name)."""
     from torch._inductor.compile_fx import compile_fx
 
-    start = time.perf_counter()
-    logger.info("%s: compiling with Inductor ...", what)
     try:
-        compiled = compile_fx(_fresh_copy(gm), list(example_inputs))
+        with progress(f"{what}: compiling with Inductor"):
+            compiled = compile_fx(_fresh_copy(gm), list(example_inputs))
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back to the FX engine
         logger.warning("%s: Inductor could not compile the graph (%s: %s); running it with the FX "
                        "engine instead", what, type(exc).__name__, exc)
         return fx_engine(gm), "fx"
-    logger.info("%s: Inductor compile took %.1f s", what, time.perf_counter() - start)
     return (lambda args: compiled(*args)), "inductor"  # compile_fx returns an unboxed callable
