@@ -88,9 +88,10 @@ _HOST_CHECKS = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constr
                 torch.ops.aten.sym_constrain_range_for_size.default}
 # Ops that read tensor data on the host (``.item()``, ``.tolist()``) or whose output shape
 # depends on data: the host must wait for the device, so the graph cannot be one launch unit.
-_HOST_SYNC_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-                  torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default,
-                  torch.ops.aten.unique_consecutive.default, torch.ops.aten.unique_dim.default}
+HOST_SYNC_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+                 torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default,
+                 torch.ops.aten.unique_consecutive.default, torch.ops.aten.unique_dim.default,
+                 torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default}
 
 
 def host_scalar_nodes(gm: fx.GraphModule) -> list[fx.Node]:
@@ -185,7 +186,7 @@ def analyze(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, tiling_sink: boo
             reasons.append(f"{what} is used by {ops}{more} outside a value-dependent argument, "
                            f"so the host must read it: pass it as a tensor, or make it a constant")
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in _HOST_SYNC_OPS:
+        if node.op == "call_function" and node.target in HOST_SYNC_OPS:
             sinkable = False
             reasons.append(f"op `{_target_name(node)}` (node `{node.name}`) reads tensor data on "
                            f"the host (.item(), .tolist() or a data-dependent shape): the graph "

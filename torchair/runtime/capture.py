@@ -13,11 +13,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-aten = torch.ops.aten
-
-# Ops that make the host read device data; inside a CUDA graph capture they fail or freeze a value.
-_HOST_SYNC_OPS = {aten._local_scalar_dense.default, aten.nonzero.default,
-                  aten.masked_select.default, aten.equal.default, aten.is_nonzero.default}
+from torchair.plan.analysis import HOST_SYNC_OPS
 
 
 class NoHostSync(TorchDispatchMode):
@@ -25,7 +21,7 @@ class NoHostSync(TorchDispatchMode):
     CUDA graph capture forbids, so CPU tests catch an uncapturable launch function."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in _HOST_SYNC_OPS:
+        if func in HOST_SYNC_OPS:
             raise RuntimeError(f"{func} reads tensor data on the host, which a CUDA graph "
                                f"capture cannot do; the captured launch must stay on the device")
         return func(*args, **(kwargs or {}))
