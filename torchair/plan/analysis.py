@@ -100,15 +100,12 @@ def host_scalar_nodes(gm: fx.GraphModule) -> list[fx.Node]:
     scalars: list[fx.Node] = []
     known: set[fx.Node] = set()
     for node in gm.graph.nodes:
-        if node.op == "placeholder" and _is_scalar_node(node):
-            pass
-        elif node.op == "call_function" and (_is_scalar_node(node) or node.target in _HOST_CHECKS) \
-                and _is_host_arith(node, known):
-            pass
-        else:
-            continue
-        scalars.append(node)
-        known.add(node)
+        scalar_input = node.op == "placeholder" and _is_scalar_node(node)
+        host_work = node.op == "call_function" and _is_host_arith(node, known) and (
+            _is_scalar_node(node) or node.target in _HOST_CHECKS)
+        if scalar_input or host_work:
+            scalars.append(node)
+            known.add(node)
     return scalars
 
 
