@@ -7,6 +7,7 @@ never read tensor values on the host, so they may run inside a CUDA graph captur
 from __future__ import annotations
 
 import dataclasses
+
 import torch
 
 LAYOUT_RANKS = {"BSH": 3, "BNSD": 4, "BSND": 4}
@@ -38,13 +39,8 @@ def check_layout_ranks(op: str, query, key, value, input_layout: str) -> None:
                          f"got ranks {ranks}. Use 'BSH' for 3-D inputs and 'BNSD'/'BSND' for 4-D")
 
 
-def attention_dims(op: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
-                   num_heads: int, num_key_value_heads: int, input_layout: str) -> AttentionDims:
-    """Validate the shapes of query/key/value against the layout and head counts (eager only)."""
-    check_layout_ranks(op, query, key, value, input_layout)
-    if tuple(key.shape) != tuple(value.shape):
-        raise ValueError(f"{op}: key and value must have the same shape; got key "
-                         f"{list(key.shape)} and value {list(value.shape)}")
+def check_head_counts(op: str, num_heads: int, num_key_value_heads: int) -> int:
+    """Validate ``num_heads`` / ``num_key_value_heads``; return ``N_kv`` (0 means ``N``)."""
     if num_heads < 1:
         raise ValueError(f"{op}: num_heads={num_heads} must be >= 1")
     if num_key_value_heads < 0:
@@ -56,12 +52,38 @@ def attention_dims(op: str, query: torch.Tensor, key: torch.Tensor, value: torch
     if num_heads // num_kv > MAX_GQA_RATIO:
         raise ValueError(f"{op}: num_heads / num_key_value_heads = {num_heads}/{num_kv} = "
                          f"{num_heads // num_kv} exceeds the maximum ratio {MAX_GQA_RATIO}")
+    return num_kv
+
+
+def query_dims(op: str, query: torch.Tensor, input_layout: str,
+               num_heads: int) -> tuple[int, int, int]:
+    """``(B, S_q, D)`` of ``query`` in ``input_layout``; checks its N against ``num_heads``."""
     if input_layout == "BSH":
         batch, q_len, hidden = query.shape
         if hidden % num_heads != 0:
             raise ValueError(f"{op}: input_layout='BSH' needs query H={hidden} divisible by "
                              f"num_heads={num_heads}")
-        head_dim = hidden // num_heads
+        return batch, q_len, hidden // num_heads
+    if input_layout == "BNSD":
+        batch, q_heads, q_len, head_dim = query.shape
+    else:  # BSND
+        batch, q_len, q_heads, head_dim = query.shape
+    if q_heads != num_heads:
+        raise ValueError(f"{op}: num_heads={num_heads} must equal the N of query "
+                         f"{list(query.shape)} ({input_layout}), which is {q_heads}")
+    return batch, q_len, head_dim
+
+
+def attention_dims(op: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                   num_heads: int, num_key_value_heads: int, input_layout: str) -> AttentionDims:
+    """Validate the shapes of query/key/value against the layout and head counts (eager only)."""
+    check_layout_ranks(op, query, key, value, input_layout)
+    if tuple(key.shape) != tuple(value.shape):
+        raise ValueError(f"{op}: key and value must have the same shape; got key "
+                         f"{list(key.shape)} and value {list(value.shape)}")
+    num_kv = check_head_counts(op, num_heads, num_key_value_heads)
+    batch, q_len, head_dim = query_dims(op, query, input_layout, num_heads)
+    if input_layout == "BSH":
         kv_batch, kv_len, kv_hidden = key.shape
         if kv_hidden != num_kv * head_dim:
             raise ValueError(f"{op}: key H={kv_hidden} must equal num_key_value_heads * D = "
@@ -69,14 +91,9 @@ def attention_dims(op: str, query: torch.Tensor, key: torch.Tensor, value: torch
         kv_dim = head_dim
     else:
         if input_layout == "BNSD":
-            batch, q_heads, q_len, head_dim = query.shape
             kv_batch, kv_heads, kv_len, kv_dim = key.shape
         else:  # BSND
-            batch, q_len, q_heads, head_dim = query.shape
             kv_batch, kv_len, kv_heads, kv_dim = key.shape
-        if q_heads != num_heads:
-            raise ValueError(f"{op}: num_heads={num_heads} must equal the N of query "
-                             f"{list(query.shape)} ({input_layout}), which is {q_heads}")
         if kv_heads != num_kv:
             raise ValueError(f"{op}: key N={kv_heads} must equal num_key_value_heads={num_kv} "
                              f"(key shape {list(key.shape)}, {input_layout})")
@@ -183,11 +200,13 @@ def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     masked: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """``softmax(q k^T * scale, masked -> -inf) v`` in float32 (float64 for float64 inputs).
+                     masked: torch.Tensor | None, scale: float,
+                     bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``softmax(q k^T * scale + bias, masked -> -inf) v`` in float32 (float64 for float64 inputs).
 
     ``q`` is ``[B, N, S_q, D]``, ``k``/``v`` ``[B, N_kv, S_kv, D]`` with ``N % N_kv == 0`` (query
-    head ``h`` reads kv head ``h // (N // N_kv)``), ``masked`` broadcasts to ``[B, N, S_q, S_kv]``.
+    head ``h`` reads kv head ``h // (N // N_kv)``), ``masked`` and the additive ``bias`` (e.g. a
+positional ``pse_shift``) broadcast to ``[B, N, S_q, S_kv]``.
     A row with every position masked yields zeros. Returns ``[B, N, S_q, D]`` in the compute dtype.
     """
     b, n, s_q, d = q.shape
@@ -199,6 +218,8 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     qf = q.to(compute).reshape(b, n_kv, group * s_q, d)
     scores = torch.matmul(qf, k.to(compute).transpose(-1, -2)) * scale
     scores = scores.view(b, n, s_q, s_kv)
+    if bias is not None:
+        scores = scores + bias.to(compute)
     if masked is not None:
         scores = scores.masked_fill(masked, float("-inf"))
     # clamp: a fully masked row has max -inf; exp(-inf - finite) = 0 keeps it NaN-free.
