@@ -1,0 +1,197 @@
+"""The CPU decode kernel (``torchair.ops._decode_cpu``) against ``decode_attention_reference``."""
+import math
+
+import pytest
+import torch
+
+import torchair.ops  # noqa: F401  (registers the kernels)
+from torchair.ops import _decode, _decode_cpu
+from torchair.ops._decode import decode_attention, decode_attention_reference
+from torchair.ops._decode_cpu import decode_attention_cpu
+
+TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 2e-3, "rtol": 2e-3},
+       torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2}}
+
+
+@pytest.fixture(params=[None, 8], ids=["auto-chunk", "chunk8"])
+def chunk(request, monkeypatch):
+    """The automatic chunk size (one chunk at these sizes) and 8 positions (many chunks)."""
+    monkeypatch.setattr(_decode_cpu, "CHUNK_SIZE", request.param)
+    return request.param
+
+
+def _paged(cache, block_size, generator, spare=3):
+    """Scatter [B, Nkv, S, D] into shuffled blocks (with spare ones): (blocks, table)."""
+    batch, nkv, seq, dim = cache.shape
+    per_seq = math.ceil(seq / block_size)
+    table = torch.randperm(batch * per_seq + spare, generator=generator)[: batch * per_seq]
+    table = table.reshape(batch, per_seq).to(torch.int32)
+    blocks = torch.randn(batch * per_seq + spare, nkv, block_size, dim,
+                         generator=generator).to(cache.dtype)  # garbage in unused slots
+    padded = torch.zeros(batch, nkv, per_seq * block_size, dim, dtype=cache.dtype)
+    padded[:, :, :seq] = cache
+    for b in range(batch):
+        for j in range(per_seq):
+            blocks[table[b, j]] = padded[b, :, j * block_size:(j + 1) * block_size]
+    return blocks, table
+
+
+def _check(q, k, v, **kw):
+    out = decode_attention_cpu(q, k, v, **kw)
+    expected = decode_attention_reference(q, k, v, **kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), expected.float(), **TOL[q.dtype])
+    return out
+
+
+@pytest.mark.parametrize("heads,nkv", [(4, 4), (4, 2), (4, 1), (8, 1)])
+@pytest.mark.parametrize("block", [None, 4, 16], ids=["contiguous", "paged4", "paged16"])
+@pytest.mark.parametrize("left_pad", [False, True], ids=["nopad", "leftpad"])
+@pytest.mark.parametrize("with_mask", [False, True], ids=["nomask", "mask"])
+def test_grid_fp32(chunk, heads, nkv, block, left_pad, with_mask):
+    g = torch.Generator().manual_seed(heads * 31 + nkv + (block or 0) + 2 * left_pad)
+    batch, seq, dim = 4, 37, 8
+    q = torch.randn(batch, heads, dim, generator=g)
+    k = torch.randn(batch, nkv, seq, dim, generator=g)
+    v = torch.randn(batch, nkv, seq, dim, generator=g)
+    lengths = torch.tensor([5, seq, 0, 20])
+    start = torch.tensor([3, 0, 2, 17]) if left_pad else None
+    table = None
+    if block is not None:
+        k, table = _paged(k, block, g)
+        v = _scatter_like(v, block, table, k.shape[0])
+    logical = seq if block is None else table.shape[1] * block  # mask covers [0, S)
+    mask = (torch.rand(batch, logical, generator=g) < 0.3) if with_mask else None
+    out = _check(q, k, v, lengths=lengths, scale=0.4, kv_start=start, block_table=table,
+                 mask=mask)
+    assert torch.all(out[2] == 0)  # nothing attended: zeros
+
+
+def _scatter_like(cache, block_size, table, num_blocks):
+    """Scatter [B, Nkv, S, D] into ``num_blocks`` blocks along an existing table."""
+    batch, nkv, seq, dim = cache.shape
+    per_seq = table.shape[1]
+    blocks = torch.full((num_blocks, nkv, block_size, dim), 7.0, dtype=cache.dtype)
+    padded = torch.zeros(batch, nkv, per_seq * block_size, dim, dtype=cache.dtype)
+    padded[:, :, :seq] = cache
+    for b in range(batch):
+        for j in range(per_seq):
+            blocks[table[b, j]] = padded[b, :, j * block_size:(j + 1) * block_size]
+    return blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block", [None, 16], ids=["contiguous", "paged16"])
+def test_dtypes(chunk, dtype, block):
+    g = torch.Generator().manual_seed(11)
+    batch, heads, nkv, seq, dim = 3, 8, 2, 50, 16
+    q = torch.randn(batch, heads, dim, generator=g).to(dtype)
+    k = torch.randn(batch, nkv, seq, dim, generator=g).to(dtype)
+    v = torch.randn(batch, nkv, seq, dim, generator=g).to(dtype)
+    lengths, start = torch.tensor([50, 1, 23]), torch.tensor([0, 49, 9])
+    table = None
+    if block is not None:
+        k, table = _paged(k, block, g)
+        v = _scatter_like(v, block, table, k.shape[0])
+    logical = seq if block is None else table.shape[1] * block
+    mask = torch.rand(batch, logical, generator=g) < 0.2
+    _check(q, k, v, lengths=lengths, scale=0.25, kv_start=start, block_table=table, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("block", [None, 32], ids=["contiguous", "paged32"])
+@pytest.mark.parametrize("parts", ["both", "scale-only", "k-only"])
+def test_int8_antiquant(chunk, dtype, block, parts):
+    g = torch.Generator().manual_seed(5)
+    batch, heads, nkv, seq, dim = 3, 8, 2, 40, 16
+    q = torch.randn(batch, heads, dim, generator=g).to(dtype)
+    k8 = torch.randint(-128, 128, (batch, nkv, seq, dim), generator=g, dtype=torch.int8)
+    v8 = torch.randint(-128, 128, (batch, nkv, seq, dim), generator=g, dtype=torch.int8)
+    ks, ko = torch.rand(nkv, dim, generator=g) / 50, torch.randn(nkv, dim, generator=g)
+    vs, vo = torch.rand(nkv, dim, generator=g) / 50, torch.randn(nkv, dim, generator=g)
+    quant = {"k_scale": ks, "k_offset": ko, "v_scale": vs, "v_offset": vo}
+    if parts == "scale-only":
+        quant = {"k_scale": ks, "v_scale": vs}
+    elif parts == "k-only":
+        quant = {"k_scale": ks, "k_offset": ko}  # v: plain int8 values, no antiquant
+    lengths, start = torch.tensor([40, 0, 17]), torch.tensor([0, 5, 20])
+    table = None
+    if block is not None:
+        k8, table = _paged(k8, block, g)
+        v8 = _scatter_like(v8, block, table, k8.shape[0])
+    out = _check(q, k8, v8, lengths=lengths, scale=0.3, kv_start=start, block_table=table,
+                 **quant)
+    assert torch.all(out[1] == 0)
+
+
+@pytest.mark.parametrize("lengths,start", [([0, 0], None), ([3, 0], [50, 0]), ([4, 2], [-3, 1]),
+                                           ([64, 64], None), ([70, 1], [0, 63])],
+                         ids=["all-empty", "out-of-range", "negative-start", "full", "overrun"])
+def test_lengths_edges(chunk, lengths, start):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 8, generator=g)
+    k = torch.randn(2, 2, 64, 8, generator=g)
+    v = torch.randn(2, 2, 64, 8, generator=g)
+    _check(q, k, v, lengths=torch.tensor(lengths),
+           kv_start=None if start is None else torch.tensor(start), scale=0.5)
+
+
+def test_fully_masked_row_is_zero(chunk):
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 8, generator=g)
+    k = torch.randn(2, 1, 20, 8, generator=g)
+    v = torch.randn(2, 1, 20, 8, generator=g)
+    mask = torch.zeros(2, 20, dtype=torch.bool)
+    mask[0] = True
+    out = _check(q, k, v, lengths=torch.tensor([20, 20]), scale=0.5, mask=mask)
+    assert torch.all(out[0] == 0)
+
+
+@pytest.mark.parametrize("size", [1, 3, 8, 1000])
+def test_chunk_boundaries(monkeypatch, size):
+    """Chunk sizes that split / do not split the window, with a window not starting at 0."""
+    monkeypatch.setattr(_decode_cpu, "CHUNK_SIZE", size)
+    g = torch.Generator().manual_seed(size)
+    q = torch.randn(3, 8, 16, generator=g)
+    k = torch.randn(3, 2, 100, 16, generator=g) * 3
+    v = torch.randn(3, 2, 100, 16, generator=g)
+    _check(q, k, v, lengths=torch.tensor([30, 71, 9]), kv_start=torch.tensor([20, 29, 50]),
+           scale=0.7)
+    kb, table = _paged(k, 4, g)
+    vb = _scatter_like(v, 4, table, kb.shape[0])
+    _check(q, kb, vb, lengths=torch.tensor([30, 71, 9]), kv_start=torch.tensor([20, 29, 50]),
+           scale=0.7, block_table=table)
+
+
+def test_noncontiguous_cache_view(chunk):
+    """A [B, S, Nkv, D] cache viewed as [B, Nkv, S, D] (BSND layout) needs no copy of the whole
+    cache and gives the reference's result."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 8, 16, generator=g).bfloat16()
+    k = torch.randn(2, 30, 2, 16, generator=g).bfloat16().transpose(1, 2)
+    v = torch.randn(2, 30, 2, 16, generator=g).bfloat16().transpose(1, 2)
+    _check(q, k, v, lengths=torch.tensor([30, 12]), scale=0.25)
+    _check(q.float(), k.float(), v.float(), lengths=torch.tensor([30, 12]), scale=0.25)
+
+
+def test_dispatch_to_cpu_kernel(monkeypatch):
+    assert _decode._kernels["cpu"] is decode_attention_cpu
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return decode_attention_cpu(*args, **kwargs)
+
+    monkeypatch.setitem(_decode._kernels, "cpu", spy)
+    q, k = torch.randn(1, 4, 8), torch.randn(1, 2, 5, 8)
+    out = decode_attention(q, k, k, lengths=torch.tensor([5]), scale=0.5)
+    assert calls == [1]
+    torch.testing.assert_close(out, decode_attention_reference(q, k, k, lengths=torch.tensor([5]),
+                                                               scale=0.5))
+
+
+def test_registered_on_import():
+    from torchair import ops
+    assert ops._decode_cpu is _decode_cpu
+    with pytest.raises(RuntimeError, match="already registered"):
+        _decode.register_decode_kernel("cpu")(decode_attention_cpu)

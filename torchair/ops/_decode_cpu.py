@@ -1,0 +1,176 @@
+"""The CPU decode attention kernel: flash-decoding over KV chunks with batched BLAS matmuls.
+
+Same contract as :func:`torchair.ops._decode.decode_attention_reference` (see ``_decode``'s
+module doc); registered as the ``"cpu"`` kernel of :func:`torchair.ops._decode.decode_attention`.
+
+How it runs (one call):
+
+* The lengths / starts are read on the host (a CPU kernel never runs inside a CUDA graph) to find
+  the window ``[lo, hi)`` of positions any sequence attends; the rest of the cache is never read.
+* The window is walked in chunks of ``C`` positions (a Python loop over chunks only; batch and
+  heads are batch dimensions of every op). Per chunk, for all ``B * Nkv`` (batch, kv head) pairs
+  at once: ``scores = K_chunk @ q^T`` (``torch.bmm``: ``q`` is viewed as ``[B * Nkv, G, D]``,
+  so each kv head is read once for its ``G`` query heads), masking, an online softmax update
+  (running max / sum in float32) and ``acc += P^T @ V_chunk`` (``baddbmm_``).
+* float32 contiguous caches are used in place (views, no copy). fp16/bf16/int8 chunks are
+  converted into a reused float32 buffer of one chunk; int8 antiquant is folded into the query
+  (``q . ((k + o) * s) = (q * s) . k + (q * s) . o``) and into the output
+  (``sum p (v + o) * s / sum p = (acc / l + o) * s``), so the chunk is only converted.
+* Paged caches: only the blocks of the window are gathered, one chunk of whole blocks at a
+  time, into ``[Nkv, B, C, D]`` (kv-head-major batch order, one gather copy per chunk).
+
+``CHUNK_SIZE`` (None: automatic, ~``_CHUNK_BYTES`` of float32 K per chunk) fixes the number of
+positions per chunk; tests set it small to cross chunk boundaries.
+"""
+from __future__ import annotations
+
+import torch
+
+from torchair.ops._decode import register_decode_kernel
+
+CHUNK_SIZE: int | None = None
+_CHUNK_BYTES = 16 * 2**20
+_MIN_CHUNK, _MAX_CHUNK = 256, 8192
+_NEG_BIG = torch.finfo(torch.float32).min
+
+
+def _chunk_positions(rows: int, dim: int, block_size: int) -> int:
+    if CHUNK_SIZE is not None:
+        chunk = int(CHUNK_SIZE)
+    else:
+        chunk = _CHUNK_BYTES // max(1, rows * dim * 4)
+        chunk = max(_MIN_CHUNK, min(_MAX_CHUNK, chunk))
+    return max(block_size, chunk // block_size * block_size)  # whole blocks when paged
+
+
+@register_decode_kernel("cpu")
+def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+                         lengths: torch.Tensor, scale: float,
+                         kv_start: torch.Tensor | None = None,
+                         block_table: torch.Tensor | None = None,
+                         mask: torch.Tensor | None = None,
+                         k_scale: torch.Tensor | None = None,
+                         k_offset: torch.Tensor | None = None,
+                         v_scale: torch.Tensor | None = None,
+                         v_offset: torch.Tensor | None = None) -> torch.Tensor:
+    """Canonical decode attention on CPU (see the module doc and ``_decode``)."""
+    batch, heads, dim = q.shape
+    nkv = k_cache.shape[1]
+    group = heads // nkv
+    paged = block_table is not None
+    if paged:
+        block_size = k_cache.shape[2]
+        seq = block_table.shape[1] * block_size
+    else:
+        block_size = 1
+        seq = k_cache.shape[2]
+
+    # Host view of the attended windows: [start_b, end_b) clipped to [0, S).
+    lens = lengths.detach().to("cpu", torch.long)
+    starts = kv_start.detach().to("cpu", torch.long) if kv_start is not None \
+        else torch.zeros_like(lens)
+    lo_b = starts.clamp(0, seq)
+    hi_b = (starts + lens).clamp(0, seq)
+    nonempty = hi_b > lo_b
+    out_dtype = q.dtype
+    if not bool(nonempty.any()):
+        return torch.zeros(batch, heads, dim, dtype=out_dtype)
+    lo = int(lo_b[nonempty].min())
+    hi = int(hi_b[nonempty].max())
+    lo = lo // block_size * block_size
+    full_lo, full_hi = int(lo_b.max()), int(hi_b.min())  # positions every row attends
+    start_col = starts[:, None]
+    end_col = (starts + lens)[:, None]
+    mask_b = mask.detach().to("cpu").bool() if mask is not None else None
+
+    rows = batch * nkv
+    chunk = _chunk_positions(rows, dim, block_size)
+
+    # q as [rows, G, D] (scaled; int8 K: times k_scale), in the batch order of the chunks:
+    # contiguous caches are sliced as [B, Nkv, C, D] (b-major), paged ones gathered as
+    # [Nkv, B, C, D] (h-major).
+    qf = q.detach().float().reshape(batch, nkv, group, dim)
+    if k_scale is not None:
+        qf = qf * k_scale.float()[None, :, None, :]
+    if paged:
+        qf = qf.transpose(0, 1)
+    qf = (qf * scale).reshape(rows, group, dim).contiguous()
+    score_bias = None
+    if k_offset is not None:  # (q * s) . o, per (row, g)
+        off = _per_row(k_offset, batch, paged)  # [rows, D]
+        score_bias = torch.bmm(qf, off[:, :, None])  # [rows, G, 1]
+
+    convert_k = k_cache.dtype != torch.float32
+    convert_v = v_cache.dtype != torch.float32
+    k_buf = torch.empty(rows * chunk * dim, dtype=torch.float32) if convert_k else None
+    v_buf = torch.empty(rows * chunk * dim, dtype=torch.float32) if convert_v else None
+    if paged:
+        k_heads = k_cache.transpose(0, 1)  # [Nkv, num_blocks, bs, D]
+        v_heads = v_cache.transpose(0, 1)
+        table = block_table.detach().to("cpu", torch.long)
+
+    m = torch.full((rows, group), float("-inf"))
+    l_sum = torch.zeros(rows, group)
+    acc = torch.zeros(rows, group, dim)
+    for c0 in range(lo, hi, chunk):
+        c1 = min(c0 + chunk, hi) if not paged else min(c0 + chunk, seq)
+        if paged:
+            c1 = min(c1, -(-hi // block_size) * block_size)
+            ids = table[:, c0 // block_size:c1 // block_size]
+            kc = k_heads[:, ids]  # [Nkv, B, nb, bs, D]
+            vc = v_heads[:, ids]
+        else:
+            kc = k_cache[:, :, c0:c1]  # [B, Nkv, C, D] view
+            vc = v_cache[:, :, c0:c1]
+        width = c1 - c0
+        kc = _as_rows(kc, rows, width, dim, k_buf)
+        vc = _as_rows(vc, rows, width, dim, v_buf)
+
+        s = torch.bmm(qf, kc.transpose(1, 2))  # [rows, G, C]: softmax along contiguous C
+        if score_bias is not None:
+            s.add_(score_bias)
+        if not (full_lo <= c0 and c1 <= full_hi and mask_b is None):
+            pos = torch.arange(c0, c1)[None, :]
+            drop = (pos < start_col) | (pos >= end_col)  # [B, C]
+            if mask_b is not None:
+                drop |= mask_b[:, c0:c1]
+            if paged:
+                s.view(nkv, batch, group, width).masked_fill_(drop[None, :, None, :],
+                                                              float("-inf"))
+            else:
+                s.view(batch, nkv, group, width).masked_fill_(drop[:, None, None, :],
+                                                              float("-inf"))
+        m_new = torch.maximum(m, s.amax(2)).clamp_min_(_NEG_BIG)
+        alpha = torch.exp(m - m_new)
+        s.sub_(m_new[:, :, None]).exp_()
+        l_sum.mul_(alpha).add_(s.sum(2))
+        acc.mul_(alpha[:, :, None]).baddbmm_(s, vc)
+        m = m_new
+
+    out = acc / l_sum.clamp_min(1e-30)[:, :, None]  # [rows, G, D]
+    if v_offset is not None or v_scale is not None:
+        if v_offset is not None:
+            out = out + _per_row(v_offset, batch, paged)[:, None, :]
+        if v_scale is not None:
+            out = out * _per_row(v_scale, batch, paged)[:, None, :]
+        out = out.masked_fill((l_sum == 0)[:, :, None], 0.0)  # nothing attended: zeros
+    if paged:
+        out = out.reshape(nkv, batch, group, dim).transpose(0, 1)
+    return out.reshape(batch, heads, dim).to(out_dtype)
+
+
+def _per_row(t: torch.Tensor, batch: int, paged: bool) -> torch.Tensor:
+    """A per-kv-head ``[Nkv, D]`` tensor as float32 ``[rows, D]`` in the chunks' row order."""
+    t = t.detach().float()
+    return t.repeat_interleave(batch, 0) if paged else t.repeat(batch, 1)
+
+
+def _as_rows(chunk: torch.Tensor, rows: int, width: int, dim: int,
+             buf: torch.Tensor | None) -> torch.Tensor:
+    """The chunk ([B, Nkv, C, D] or [Nkv, B, nb, bs, D]) as float32 ``[rows, width, D]``: a view
+    when it is float32 with mergeable strides, else one converting copy into ``buf``."""
+    if buf is None:
+        return chunk.reshape(rows, width, dim)
+    out = buf[:rows * width * dim]
+    out.view(chunk.shape).copy_(chunk)  # any strides, any source dtype, no temporary
+    return out.view(rows, width, dim)
