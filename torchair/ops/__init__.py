@@ -7,10 +7,13 @@ from __future__ import annotations
 import torch
 
 from torchair.ops import incre_flash_attention as _incre_flash_attention  # noqa: F401 (registers)
+from torchair.ops import fused_infer_attention_score as _fused_infer_attention_score  # noqa: F401 (registers)
 from torchair.ops import _decode_cpu  # noqa: F401 (registers the CPU decode kernel)
 from torchair.ops import _decode_triton  # noqa: F401 (registers the CUDA kernel if Triton exists)
 from torchair.ops._registry import get_value_dependent, value_dependent_ops
 
 npu_incre_flash_attention = torch.ops.npu.npu_incre_flash_attention
+npu_fused_infer_attention_score = torch.ops.npu.npu_fused_infer_attention_score
 
-__all__ = ["npu_incre_flash_attention", "get_value_dependent", "value_dependent_ops"]
+__all__ = ["npu_incre_flash_attention", "npu_fused_infer_attention_score", "get_value_dependent",
+           "value_dependent_ops"]
