@@ -52,6 +52,37 @@ def copy_bandwidth(device: str, mib: int = 256, repeats: int = 10) -> float:
     return 2 * src.numel() * 4 / H.percentile(times, 50)
 
 
+def gemm_rates(device: str, repeats: int = 5) -> dict:
+    """GFLOP/s of the reference matmuls (median of ``repeats``): a large square GEMM (the
+    machine's BLAS ceiling) and the kernel's per-chunk thin batched matmuls ``q [32, 8, 128] @
+    K^T`` / ``P [32, 8, C] @ V`` (32 = B * Nkv at B=8), with C=256 (operands cache-resident,
+    as in the bf16 path after conversion) and C=32768 (K/V streamed from memory, as in the fp32
+    path, which reads the cache in place)."""
+    sync = H.synchronizer(device)
+    rates = {}
+
+    def rate(name, fn, flops):
+        fn()
+        times = sorted(H.time_calls(lambda _: fn(), range(repeats), sync))
+        rates[name] = flops / H.percentile(times, 50) / 1e9
+
+    n = 2048
+    for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        rate(f"gemm_{n}_{dname}", lambda: a @ b, 2 * n ** 3)
+    rows, group = 32, HEADS // KV_HEADS
+    q = torch.randn(rows, group, DIM, device=device)
+    for width in (256, 32768):
+        k = torch.randn(rows, width, DIM, device=device)
+        p = torch.randn(rows, group, width, device=device)
+        flops = 2 * rows * group * width * DIM
+        rate(f"bmm_qkT_C{width}_fp32", lambda: torch.bmm(q, k.transpose(1, 2)), flops)
+        rate(f"bmm_pv_C{width}_fp32", lambda: torch.bmm(p, k), flops)
+        del k, p
+    return rates
+
+
 def _sdpa_inputs(q, k, v, lengths):
     seq = k.shape[2]
     keep = torch.arange(seq, device=q.device)[None, :] < lengths[:, None]  # True = attend
@@ -116,6 +147,7 @@ def run_config(device, dtype, batch, length, rounds, budget_s, gen):
         med = stats[name]["median"] / 1e6
         row[f"{name}_ms"] = med * 1e3
         row[f"{name}_GBps"] = row["bytes"] / med / 1e9
+        row[f"{name}_GFLOPs"] = 4 * batch * HEADS * length * DIM / med / 1e9  # QK^T + PV
     if has_kernel:
         row["speedup_vs_sdpa"] = stats["sdpa"]["median"] / stats["kernel"]["median"]
         row["paired_speedup_vs_sdpa"] = H.paired_ratios(times["sdpa"], times["kernel"])["median"]
@@ -176,6 +208,10 @@ def main(argv=None):
         bw = copy_bandwidth(device)
         info["copy_GBps"] = bw / 1e9
         print(f"{device}: copy bandwidth {bw / 1e9:.1f} GB/s (256 MiB dst.copy_(src), 2 x size)")
+        if device == "cpu":
+            info["gemm_GFLOPs"] = gemm_rates(device)
+            print(f"{device}: matmul GFLOP/s " + ", ".join(
+                f"{k} {v:.0f}" for k, v in info["gemm_GFLOPs"].items()))
         if device not in _decode._kernels:
             print(f"{device}: no decode kernel registered; timing SDPA only")
         dtypes = args.dtypes or (["fp32", "bf16"] if device == "cpu" else ["fp16", "bf16",
@@ -190,6 +226,7 @@ def main(argv=None):
                     payload["rows"].append(row)
                     table.append([dname, batch, length, row.get("kernel_ms", float("nan")),
                                   row.get("kernel_GBps", float("nan")), row["copy_bw_fraction"],
+                                  row.get("kernel_GFLOPs", float("nan")),
                                   row["sdpa_ms"], row.get("speedup_vs_sdpa", float("nan")),
                                   row.get("paired_speedup_vs_sdpa", float("nan")),
                                   "ok" if row.get("kernel_check") else
@@ -199,7 +236,7 @@ def main(argv=None):
                           f"{row.get('kernel_ms', float('nan')):.2f} ms, sdpa "
                           f"{row['sdpa_ms']:.2f} ms", flush=True)
         print()
-        print(H.format_table(["dtype", "B", "kv_len", "kernel ms", "GB/s", "x copy bw",
+        print(H.format_table(["dtype", "B", "kv_len", "kernel ms", "GB/s", "x copy bw", "GFLOP/s",
                               "sdpa ms", "vs sdpa", "paired", "check", "rounds"], table))
         print()
         if args.profile and device in _decode._kernels:

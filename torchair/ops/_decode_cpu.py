@@ -29,17 +29,24 @@ import torch
 from torchair.ops._decode import register_decode_kernel
 
 CHUNK_SIZE: int | None = None
+# Automatic chunk: float32 K of one chunk (all rows) ~_CHUNK_BYTES when the cache is read in place;
+# ~_CONVERT_CHUNK_BYTES per float32 conversion buffer when chunks are converted, so that the
+# converted K and V chunks stay in cache (L3) until both matmuls have read them (measured on a
+# 2-core Zen 5, B=8 bf16 32k: 4 MiB buffers 1.7x faster than 16 MiB ones).
 _CHUNK_BYTES = 16 * 2**20
-_MIN_CHUNK, _MAX_CHUNK = 256, 8192
+_CONVERT_CHUNK_BYTES = 4 * 2**20
+_MIN_CHUNK, _MIN_CONVERT_CHUNK, _MAX_CHUNK = 256, 64, 8192
 _NEG_BIG = torch.finfo(torch.float32).min
 
 
-def _chunk_positions(rows: int, dim: int, block_size: int) -> int:
+def _chunk_positions(rows: int, dim: int, block_size: int, converted: bool = False) -> int:
     if CHUNK_SIZE is not None:
         chunk = int(CHUNK_SIZE)
     else:
-        chunk = _CHUNK_BYTES // max(1, rows * dim * 4)
-        chunk = max(_MIN_CHUNK, min(_MAX_CHUNK, chunk))
+        target, low = ((_CONVERT_CHUNK_BYTES, _MIN_CONVERT_CHUNK) if converted
+                       else (_CHUNK_BYTES, _MIN_CHUNK))
+        chunk = target // max(1, rows * dim * 4)
+        chunk = max(low, min(_MAX_CHUNK, chunk))
     return max(block_size, chunk // block_size * block_size)  # whole blocks when paged
 
 
@@ -84,7 +91,9 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     mask_b = mask.detach().to("cpu").bool() if mask is not None else None
 
     rows = batch * nkv
-    chunk = _chunk_positions(rows, dim, block_size)
+    convert_k = k_cache.dtype != torch.float32
+    convert_v = v_cache.dtype != torch.float32
+    chunk = _chunk_positions(rows, dim, block_size, convert_k or convert_v)
 
     # q as [rows, G, D] (scaled; int8 K: times k_scale), in the batch order of the chunks:
     # contiguous caches are sliced as [B, Nkv, C, D] (b-major), paged ones gathered as
@@ -100,8 +109,6 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         off = _per_row(k_offset, batch, paged)  # [rows, D]
         score_bias = torch.bmm(qf, off[:, :, None])  # [rows, G, 1]
 
-    convert_k = k_cache.dtype != torch.float32
-    convert_v = v_cache.dtype != torch.float32
     k_buf = torch.empty(rows * chunk * dim, dtype=torch.float32) if convert_k else None
     v_buf = torch.empty(rows * chunk * dim, dtype=torch.float32) if convert_v else None
     if paged:
@@ -110,6 +117,9 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         table = block_table.detach().to("cpu", torch.long)
 
     m = torch.full((rows, group), float("-inf"))
+    m_new = torch.empty(rows, group)  # the running max and its update swap buffers per chunk
+    alpha = torch.empty(rows, group)
+    part = torch.empty(rows, group)  # per-chunk max, then per-chunk sum
     l_sum = torch.zeros(rows, group)
     acc = torch.zeros(rows, group, dim)
     for c0 in range(lo, hi, chunk):
@@ -140,12 +150,14 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
             else:
                 s.view(batch, nkv, group, width).masked_fill_(drop[:, None, None, :],
                                                               float("-inf"))
-        m_new = torch.maximum(m, s.amax(2)).clamp_min_(_NEG_BIG)
-        alpha = torch.exp(m - m_new)
+        # online softmax update, small ops into preallocated buffers (no per-chunk allocation)
+        torch.amax(s, 2, out=part)
+        torch.maximum(m, part, out=m_new).clamp_min_(_NEG_BIG)
+        torch.sub(m, m_new, out=alpha).exp_()
         s.sub_(m_new[:, :, None]).exp_()
-        l_sum.mul_(alpha).add_(s.sum(2))
+        l_sum.mul_(alpha).add_(torch.sum(s, 2, out=part))
         acc.mul_(alpha[:, :, None]).baddbmm_(s, vc)
-        m = m_new
+        m, m_new = m_new, m
 
     out = acc / l_sum.clamp_min(1e-30)[:, :, None]  # [rows, G, D]
     if v_offset is not None or v_scale is not None:
