@@ -70,15 +70,15 @@ def gemm_rates(device: str, repeats: int = 5) -> dict:
     for dname, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
-        rate(f"gemm_{n}_{dname}", lambda: a @ b, 2 * n ** 3)
+        rate(f"gemm_{n}_{dname}", lambda a=a, b=b: a @ b, 2 * n ** 3)
     rows, group = 32, HEADS // KV_HEADS
     q = torch.randn(rows, group, DIM, device=device)
     for width in (256, 32768):
         k = torch.randn(rows, width, DIM, device=device)
         p = torch.randn(rows, group, width, device=device)
         flops = 2 * rows * group * width * DIM
-        rate(f"bmm_qkT_C{width}_fp32", lambda: torch.bmm(q, k.transpose(1, 2)), flops)
-        rate(f"bmm_pv_C{width}_fp32", lambda: torch.bmm(p, k), flops)
+        rate(f"bmm_qkT_C{width}_fp32", lambda k=k: torch.bmm(q, k.transpose(1, 2)), flops)
+        rate(f"bmm_pv_C{width}_fp32", lambda k=k, p=p: torch.bmm(p, k), flops)
         del k, p
     return rates
 

@@ -195,3 +195,31 @@ def test_registered_on_import():
     assert ops._decode_cpu is _decode_cpu
     with pytest.raises(RuntimeError, match="already registered"):
         _decode.register_decode_kernel("cpu")(decode_attention_cpu)
+
+
+def test_auto_chunk_sizes(monkeypatch):
+    """Automatic chunk: ~16 MiB of float32 K in place, ~4 MiB per float32 conversion buffer
+    (converted dtypes), clamped, whole blocks when paged."""
+    monkeypatch.setattr(_decode_cpu, "CHUNK_SIZE", None)
+    pos = _decode_cpu._chunk_positions
+    assert pos(32, 128, 1) == 1024
+    assert pos(32, 128, 1, converted=True) == 256
+    assert pos(4, 128, 1, converted=True) == 2048
+    assert pos(10_000, 128, 1, converted=True) == 64
+    assert pos(10_000, 128, 1) == 256
+    assert pos(32, 128, 48, converted=True) == 240  # whole 48-position blocks
+    assert pos(1, 128, 1) == 8192
+
+
+def test_auto_chunk_converted_crosses_chunks(monkeypatch):
+    """bf16 cache long enough for several automatic (converted) chunks, with ragged lengths."""
+    monkeypatch.setattr(_decode_cpu, "_CONVERT_CHUNK_BYTES", 64 * 1024)  # 64 positions here
+    monkeypatch.setattr(_decode_cpu, "CHUNK_SIZE", None)
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 8, 64, generator=gen).bfloat16()
+    k = torch.randn(2, 2, 300, 64, generator=gen).bfloat16()
+    v = torch.randn(2, 2, 300, 64, generator=gen).bfloat16()
+    lengths = torch.tensor([300, 131])
+    out = decode_attention_cpu(q, k, v, lengths=lengths, scale=0.125)
+    ref = decode_attention_reference(q, k, v, lengths=lengths, scale=0.125)
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[torch.bfloat16])

@@ -19,8 +19,9 @@ How it runs (one call):
 * Paged caches: only the blocks of the window are gathered, one chunk of whole blocks at a
   time, into ``[Nkv, B, C, D]`` (kv-head-major batch order, one gather copy per chunk).
 
-``CHUNK_SIZE`` (None: automatic, ~``_CHUNK_BYTES`` of float32 K per chunk) fixes the number of
-positions per chunk; tests set it small to cross chunk boundaries.
+``CHUNK_SIZE`` (None: automatic, ~``_CHUNK_BYTES`` of float32 K per chunk when read in place,
+~``_CONVERT_CHUNK_BYTES`` per float32 buffer when converted) fixes the number of positions per
+chunk; tests set it small to cross chunk boundaries.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ CHUNK_SIZE: int | None = None
 # Automatic chunk: float32 K of one chunk (all rows) ~_CHUNK_BYTES when the cache is read in place;
 # ~_CONVERT_CHUNK_BYTES per float32 conversion buffer when chunks are converted, so that the
 # converted K and V chunks stay in cache (L3) until both matmuls have read them (measured on a
-# 2-core Zen 5, B=8 bf16 32k: 4 MiB buffers 1.7x faster than 16 MiB ones).
+# 2-core Zen 5, B=8 bf16 32k: 4 MiB buffers 1.5x (1 thread) to 1.7x (2 threads) faster than
+# 16 MiB ones).
 _CHUNK_BYTES = 16 * 2**20
 _CONVERT_CHUNK_BYTES = 4 * 2**20
 _MIN_CHUNK, _MIN_CONVERT_CHUNK, _MAX_CHUNK = 256, 64, 8192
