@@ -3,11 +3,12 @@
 One query token per sequence attends to its valid KV positions::
 
     q            [B, N, D]            float16 / bfloat16 / float32
-    k_cache,     contiguous [B, Nkv, S, D] (block_table None), or paged
+    k_cache,     dense [B, Nkv, S, D] (block_table None), or paged
     v_cache      [num_blocks, Nkv, block_size, D] with block_table [B, max_blocks] int32: position p
                  of sequence b lives in block block_table[b, p // block_size], slot p % block_size;
                  the logical length is S = max_blocks * block_size. dtype: q's, or int8 with
-                 per-channel antiquant (k = (k_int8 + k_offset) * k_scale, scales [Nkv, D])
+                 per-channel antiquant (k = (k_int8 + k_offset) * k_scale, scales [Nkv, D]); any
+                 strides: a BSH cache comes as a transposed view, never a copy
     lengths      int64 [B] on q's device: how many positions are attended
     kv_start     int64 [B] or None: first attended position (KV left padding); default 0
     mask         bool [B, S] or None: True = masked out

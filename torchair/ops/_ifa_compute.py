@@ -109,20 +109,19 @@ def decode_eligible(plan: IfaPlan, pse_shift: torch.Tensor | None) -> bool:
 
 
 def canonical_cache(cache: torch.Tensor, plan: IfaPlan) -> torch.Tensor:
-    """The cache in the canonical decode form.
+    """The cache in the canonical decode form, as a strided view (never a copy: the decode
+    kernels address K/V through strides).
 
-    Dense: ``[B, N_kv, S, D]`` contiguous (BNSD is used as is; BSH/BSND are transposed, a copy).
-    Paged: ``[num_blocks, N_kv, block_size, D]``; a (blocknum, blocksize, H) cache is reshaped and
-    permuted into it, which copies the whole cache (acceptable on the reference path).
+    Dense: ``[B, N_kv, S, D]`` (BNSD as is; BSH/BSND viewed with heads and positions swapped).
+    Paged: ``[num_blocks, N_kv, block_size, D]``; a (blocknum, blocksize, H) cache viewed so.
     """
     dims = plan.dims
     if not plan.paged:
-        return _common.to_bnsd(cache, plan.layout, dims.num_kv_heads).contiguous()
+        return _common.to_bnsd(cache, plan.layout, dims.num_kv_heads)
     if plan.cache_4d:
         return cache
     num_blocks, block_size, _ = cache.shape
-    return cache.view(num_blocks, block_size, dims.num_kv_heads, dims.head_dim) \
-        .permute(0, 2, 1, 3).contiguous()
+    return cache.view(num_blocks, block_size, dims.num_kv_heads, dims.head_dim).permute(0, 2, 1, 3)
 
 
 def decode_path(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: IfaPlan, *,
