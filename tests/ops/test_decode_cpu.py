@@ -1,8 +1,9 @@
 """The CPU decode kernel (``torchair.ops._decode_cpu``) against ``decode_attention_reference``."""
-import math
 
 import pytest
 import torch
+
+from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
 from torchair.ops import _decode, _decode_cpu
@@ -18,22 +19,6 @@ def chunk(request, monkeypatch):
     """The automatic chunk size (one chunk at these sizes) and 8 positions (many chunks)."""
     monkeypatch.setattr(_decode_cpu, "CHUNK_SIZE", request.param)
     return request.param
-
-
-def _paged(cache, block_size, generator, spare=3):
-    """Scatter [B, Nkv, S, D] into shuffled blocks (with spare ones): (blocks, table)."""
-    batch, nkv, seq, dim = cache.shape
-    per_seq = math.ceil(seq / block_size)
-    table = torch.randperm(batch * per_seq + spare, generator=generator)[: batch * per_seq]
-    table = table.reshape(batch, per_seq).to(torch.int32)
-    blocks = torch.randn(batch * per_seq + spare, nkv, block_size, dim,
-                         generator=generator).to(cache.dtype)  # garbage in unused slots
-    padded = torch.zeros(batch, nkv, per_seq * block_size, dim, dtype=cache.dtype)
-    padded[:, :, :seq] = cache
-    for b in range(batch):
-        for j in range(per_seq):
-            blocks[table[b, j]] = padded[b, :, j * block_size:(j + 1) * block_size]
-    return blocks, table
 
 
 def _check(q, k, v, **kw):
@@ -58,26 +43,13 @@ def test_grid_fp32(chunk, heads, nkv, block, left_pad, with_mask):
     start = torch.tensor([3, 0, 2, 17]) if left_pad else None
     table = None
     if block is not None:
-        k, table = _paged(k, block, g)
-        v = _scatter_like(v, block, table, k.shape[0])
+        k, table = paged(k, block, g)
+        v = to_blocks(v, block, table)
     logical = seq if block is None else table.shape[1] * block  # mask covers [0, S)
     mask = (torch.rand(batch, logical, generator=g) < 0.3) if with_mask else None
     out = _check(q, k, v, lengths=lengths, scale=0.4, kv_start=start, block_table=table,
                  mask=mask)
     assert torch.all(out[2] == 0)  # nothing attended: zeros
-
-
-def _scatter_like(cache, block_size, table, num_blocks):
-    """Scatter [B, Nkv, S, D] into ``num_blocks`` blocks along an existing table."""
-    batch, nkv, seq, dim = cache.shape
-    per_seq = table.shape[1]
-    blocks = torch.full((num_blocks, nkv, block_size, dim), 7.0, dtype=cache.dtype)
-    padded = torch.zeros(batch, nkv, per_seq * block_size, dim, dtype=cache.dtype)
-    padded[:, :, :seq] = cache
-    for b in range(batch):
-        for j in range(per_seq):
-            blocks[table[b, j]] = padded[b, :, j * block_size:(j + 1) * block_size]
-    return blocks
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -91,8 +63,8 @@ def test_dtypes(chunk, dtype, block):
     lengths, start = torch.tensor([50, 1, 23]), torch.tensor([0, 49, 9])
     table = None
     if block is not None:
-        k, table = _paged(k, block, g)
-        v = _scatter_like(v, block, table, k.shape[0])
+        k, table = paged(k, block, g)
+        v = to_blocks(v, block, table)
     logical = seq if block is None else table.shape[1] * block
     mask = torch.rand(batch, logical, generator=g) < 0.2
     _check(q, k, v, lengths=lengths, scale=0.25, kv_start=start, block_table=table, mask=mask)
@@ -117,8 +89,8 @@ def test_int8_antiquant(chunk, dtype, block, parts):
     lengths, start = torch.tensor([40, 0, 17]), torch.tensor([0, 5, 20])
     table = None
     if block is not None:
-        k8, table = _paged(k8, block, g)
-        v8 = _scatter_like(v8, block, table, k8.shape[0])
+        k8, table = paged(k8, block, g)
+        v8 = to_blocks(v8, block, table)
     out = _check(q, k8, v8, lengths=lengths, scale=0.3, kv_start=start, block_table=table,
                  **quant)
     assert torch.all(out[1] == 0)
@@ -157,8 +129,8 @@ def test_chunk_boundaries(monkeypatch, size):
     v = torch.randn(3, 2, 100, 16, generator=g)
     _check(q, k, v, lengths=torch.tensor([30, 71, 9]), kv_start=torch.tensor([20, 29, 50]),
            scale=0.7)
-    kb, table = _paged(k, 4, g)
-    vb = _scatter_like(v, 4, table, kb.shape[0])
+    kb, table = paged(k, 4, g)
+    vb = to_blocks(v, 4, table)
     _check(q, kb, vb, lengths=torch.tensor([30, 71, 9]), kv_start=torch.tensor([20, 29, 50]),
            scale=0.7, block_table=table)
 

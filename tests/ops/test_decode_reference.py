@@ -1,8 +1,8 @@
 """The canonical decode reference against an independent per-sequence, per-head float64 loop."""
-import math
-
 import pytest
 import torch
+
+from _paging import block_table, to_blocks
 
 from torchair.ops._decode import decode_attention_reference
 
@@ -27,26 +27,6 @@ def _loop(q, k, v, lengths, start, mask, scale):
     return out
 
 
-def _block_table(batch, seq, block_size, generator):
-    """A shuffled block table with 3 spare blocks: [B, ceil(S / block_size)] int32."""
-    per_seq = math.ceil(seq / block_size)
-    order = torch.randperm(batch * per_seq + 3, generator=generator)[: batch * per_seq]
-    return order.reshape(batch, per_seq).to(torch.int32)
-
-
-def _paged(cache, block_size, table):
-    """Scatter a contiguous [B, Nkv, S, D] cache into the blocks ``table`` names."""
-    batch, nkv, seq, dim = cache.shape
-    per_seq = table.shape[1]
-    blocks = torch.zeros(batch * per_seq + 3, nkv, block_size, dim, dtype=cache.dtype)
-    padded = torch.zeros(batch, nkv, per_seq * block_size, dim, dtype=cache.dtype)
-    padded[:, :, :seq] = cache
-    for b in range(batch):
-        for j in range(per_seq):
-            blocks[table[b, j]] = padded[b, :, j * block_size:(j + 1) * block_size]
-    return blocks
-
-
 @pytest.mark.parametrize("heads,nkv", [(4, 4), (4, 2), (4, 1)])
 @pytest.mark.parametrize("paged", [False, True])
 @pytest.mark.parametrize("left_pad", [False, True])
@@ -63,8 +43,8 @@ def test_reference_matches_loop(heads, nkv, paged, left_pad, with_mask):
     expected = _loop(q, k, v, lengths, start, mask, 0.35)
     kk, vv, table = k, v, None
     if paged:
-        table = _block_table(batch, seq, block, g)
-        kk, vv = _paged(k, block, table), _paged(v, block, table)
+        table = block_table(batch, seq, block, g)
+        kk, vv = to_blocks(k, block, table), to_blocks(v, block, table)
     out = decode_attention_reference(q, kk, vv, lengths=lengths, scale=0.35,
                                      kv_start=start if left_pad else None,
                                      block_table=table, mask=mask)

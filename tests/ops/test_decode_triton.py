@@ -7,7 +7,6 @@ tests here run in-process only when the whole process was started with TRITON_IN
 otherwise ``test_interpreter_suite_subprocess`` re-runs this module in a child pytest with it set.
 The ``cuda`` tests compare realistic shapes and CUDA-graph replay on a GPU (compiled kernels).
 """
-import math
 import os
 import pathlib
 import re
@@ -18,6 +17,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+
+from _paging import block_table, to_blocks
 
 from torchair.ops import _decode_triton as dt
 from torchair.ops._decode import _kernels, decode_attention_reference
@@ -32,27 +33,6 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED,
                           reason="needs a CUDA GPU and compiled (not interpreted) Triton")
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-
-
-def _block_table(batch, seq, block_size, gen):
-    """A shuffled block table with 3 spare blocks: [B, ceil(S / block_size)] int32."""
-    per_seq = math.ceil(seq / block_size)
-    order = torch.randperm(batch * per_seq + 3, generator=gen)[: batch * per_seq]
-    return order.reshape(batch, per_seq).to(torch.int32)
-
-
-def _paged(cache, block_size, table):
-    """Scatter a contiguous [B, Nkv, S, D] cache into the blocks ``table`` names (junk elsewhere)."""
-    batch, nkv, seq, dim = cache.shape
-    per_seq = table.shape[1]
-    blocks = torch.full((batch * per_seq + 3, nkv, block_size, dim), 77, dtype=cache.dtype,
-                        device=cache.device)
-    padded = torch.zeros(batch, nkv, per_seq * block_size, dim, dtype=cache.dtype,
-                         device=cache.device)
-    padded[:, :, :seq] = cache
-    chunks = padded.reshape(batch, nkv, per_seq, block_size, dim).permute(0, 2, 1, 3, 4)
-    blocks[table.long().reshape(-1)] = chunks.reshape(-1, nkv, block_size, dim)
-    return blocks
 
 
 def _case(batch=2, heads=4, nkv=1, seq=32, dim=16, dtype=torch.float32, int8=False, seed=0,
@@ -99,10 +79,10 @@ def test_contiguous(dtype, heads, nkv, dim):
 @pytest.mark.parametrize("block_size", [16, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,nkv", [(4, 1), (2, 2)])
-def test_paged(block_size, dtype, heads, nkv):
+def testto_blocks(block_size, dtype, heads, nkv):
     q, k, v, _, g = _case(heads=heads, nkv=nkv, seq=30, dim=24, dtype=dtype, seed=block_size)
-    table = _block_table(2, 30, block_size, g)
-    kp, vp = _paged(k, block_size, table), _paged(v, block_size, table)
+    table = block_table(2, 30, block_size, g)
+    kp, vp = to_blocks(k, block_size, table), to_blocks(v, block_size, table)
     lengths = torch.tensor([30, 13])
     out = _check(q, kp, vp, lengths=lengths, scale=0.2, block_table=table, num_splits=2,
                  block_n=16)
@@ -119,8 +99,8 @@ def test_left_padding_and_mask(paged, dtype):
     q, k, v, _, g = _case(heads=4, nkv=2, seq=32, dim=16, dtype=dtype, seed=5)
     kw = {}
     if paged:
-        table = _block_table(2, 32, 8, g)
-        k, v, kw = _paged(k, 8, table), _paged(v, 8, table), {"block_table": table}
+        table = block_table(2, 32, 8, g)
+        k, v, kw = to_blocks(k, 8, table), to_blocks(v, 8, table), {"block_table": table}
     mask = torch.rand(2, 32, generator=g) < 0.3
     mask[1, 20:] = True  # a whole split fully masked
     _check(q, k, v, lengths=torch.tensor([9, 25]), kv_start=torch.tensor([23, 3]), mask=mask,
@@ -134,8 +114,8 @@ def test_int8_antiquant(paged, dtype):
     q, k, v, extra, g = _case(heads=4, nkv=2, seq=32, dim=24, dtype=dtype, int8=True, seed=7)
     kw = dict(extra)
     if paged:
-        table = _block_table(2, 32, 16, g)
-        k, v = _paged(k, 16, table), _paged(v, 16, table)
+        table = block_table(2, 32, 16, g)
+        k, v = to_blocks(k, 16, table), to_blocks(v, 16, table)
         kw["block_table"] = table
     _check(q, k, v, lengths=torch.tensor([32, 11]), kv_start=torch.tensor([0, 4]), scale=0.1,
            num_splits=2, block_n=16, **kw)
@@ -237,8 +217,8 @@ def _gpu_case(dtype, paged, seed=0, batch=8, heads=32, nkv=4, seq=4096, dim=128,
     lengths = torch.minimum(lengths, seq - start)
     kw = {"lengths": lengths.cuda(), "kv_start": start.cuda(), "scale": dim ** -0.5}
     if paged:
-        table = _block_table(batch, seq, block_size, g).cuda()
-        k, v, kw["block_table"] = _paged(k, block_size, table), _paged(v, block_size, table), table
+        table = block_table(batch, seq, block_size, g).cuda()
+        k, v, kw["block_table"] = to_blocks(k, block_size, table), to_blocks(v, block_size, table), table
     return q, k, v, kw
 
 
