@@ -10,6 +10,8 @@ from torchair.ops import incre_flash_attention as _incre_flash_attention  # noqa
 from torchair.ops import fused_infer_attention_score as _fused_infer_attention_score  # noqa: F401 (registers)
 from torchair.ops import _decode_cpu  # noqa: F401 (registers the CPU decode kernel)
 from torchair.ops import _decode_triton  # noqa: F401 (registers the CUDA kernel if Triton exists)
+from torchair.ops import quant_matmul as _quant_matmul  # noqa: F401 (registers)
+from torchair.ops import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
 from torchair.ops._registry import get_value_dependent, value_dependent_ops
 
 npu_incre_flash_attention = torch.ops.npu.npu_incre_flash_attention
@@ -17,3 +19,7 @@ npu_fused_infer_attention_score = torch.ops.npu.npu_fused_infer_attention_score
 
 __all__ = ["npu_incre_flash_attention", "npu_fused_infer_attention_score", "get_value_dependent",
            "value_dependent_ops"]
+
+npu_quant_matmul = torch.ops.npu.npu_quant_matmul
+npu_dequant_swiglu_quant = torch.ops.npu.npu_dequant_swiglu_quant
+__all__ += ["npu_dequant_swiglu_quant", "npu_quant_matmul"]
