@@ -10,6 +10,7 @@
 from torchair import ops
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.backend import get_compiler, get_npu_backend
+from torchair.patterns import register_replacement
 from torchair.plan.report import GraphReport, graph_reports
 
 __version__ = "0.1.0"
@@ -21,4 +22,5 @@ __all__ = [
     "get_npu_backend",
     "graph_reports",
     "ops",
+    "register_replacement",
 ]

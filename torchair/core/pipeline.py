@@ -54,14 +54,16 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     mutated = mutated_inputs(gm)
     inputs = describe_inputs(example_inputs, signature.names, signature.kinds, mutated)
     dumps = _dump(gm, inputs, "original", config, graph_id)
-    fired = run_passes(gm, default_passes(config))
+    passes = default_passes(config)
+    fired = run_passes(gm, passes)
     analysis = analyze(gm, inputs,
                        tiling_sink=config.experimental_config.tiling_schedule_optimize)
     report = GraphReport(
         graph_id=graph_id, fx_static=analysis.fx_static, ir_static=analysis.ir_static,
         build_static=analysis.build_static, inputs=inputs,
         value_dependent_ops=[u.op_name for u in analysis.value_dependent],
-        reasons=analysis.reasons, consts=_consts(analysis), passes=fired, dumps=dumps)
+        reasons=analysis.reasons, consts=_consts(analysis), passes=fired, dumps=dumps,
+        patterns=_patterns_fired(passes))
     if analysis.build_static:
         unit = _static_unit(gm, analysis, inputs, config, report)
     else:
@@ -156,6 +158,10 @@ def _drop_placeholder(gm: fx.GraphModule, name: str) -> fx.GraphModule:
             gm.graph.erase_node(node)
     gm.recompile()
     return gm
+
+
+def _patterns_fired(passes: list) -> dict[str, int]:
+    return {name: count for p in passes for name, count in getattr(p, "fired", {}).items()}
 
 
 def _consts(analysis: Analysis) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Order (each pass one file):
 1. ``lower_prims`` - ``prims`` ops to ATen (prims run as slow Python references when run eagerly).
 2. ``remove_noops`` - drop identity ops left by functionalization (fewer host launches).
-3. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
+3. ``pattern_fusion`` - fused ops for registered op chains (``experimental_config.pattern_fusion_pass``);
+   after ``remove_noops`` so patterns see no identity ops between the ops they match.
+4. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
    of copying whole inputs; it must see the final graph, so later passes go before it.
 Later passes (pattern fusion, scopes) are inserted before ``reinplace_inputs``, here only.
 """
@@ -14,13 +16,18 @@ import torch.fx as fx
 from torchair.core.utils import logger
 from torchair.passes._base import GraphPass
 from torchair.passes.lower_prims import LowerPrimsPass
+from torchair.passes.pattern_fusion import PatternFusionPass
 from torchair.passes.reinplace_inputs import ReinplaceInputsPass
 from torchair.passes.remove_noops import RemoveNoOpsPass
 
 
 def default_passes(config) -> list[GraphPass]:
     """The ordered pass list for ``config``."""
-    return [LowerPrimsPass(), RemoveNoOpsPass(), ReinplaceInputsPass()]
+    passes: list[GraphPass] = [LowerPrimsPass(), RemoveNoOpsPass()]
+    if config.experimental_config.pattern_fusion_pass:
+        passes.append(PatternFusionPass())
+    passes.append(ReinplaceInputsPass())
+    return passes
 
 
 def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
@@ -36,4 +43,5 @@ def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
     return fired
 
 
-__all__ = ["GraphPass", "LowerPrimsPass", "ReinplaceInputsPass", "RemoveNoOpsPass", "default_passes", "run_passes"]
+__all__ = ["GraphPass", "LowerPrimsPass", "PatternFusionPass", "ReinplaceInputsPass", "RemoveNoOpsPass",
+           "default_passes", "run_passes"]

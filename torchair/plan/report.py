@@ -30,6 +30,7 @@ class GraphReport:
     launch: str = ""  # how the graph runs, e.g. "one launch unit: CUDA graph replay"
     engine: str = ""  # "inductor" | "fx"
     passes: dict[str, int] = dataclasses.field(default_factory=dict)  # pass -> rewrites
+    patterns: dict[str, int] = dataclasses.field(default_factory=dict)  # fusion pattern -> rewrites
     dumps: list[str] = dataclasses.field(default_factory=list)
     build_seconds: float | None = None  # filled in when the launch unit is built
 
@@ -62,6 +63,9 @@ class GraphReport:
             lines.append(f"  gears: {self.gears}")
         if self.passes:
             lines.append("  passes: " + ", ".join(f"{k} x{v}" for k, v in self.passes.items()))
+        if self.patterns:
+            lines.append("  fusion patterns fired: " + ", ".join(
+                f"{k} x{v}" for k, v in self.patterns.items()))
         lines.append(f"  launch: {self.launch} [{self.engine} engine]")
         if self.build_seconds is not None:
             lines.append(f"  built in {self.build_seconds:.2f} s")

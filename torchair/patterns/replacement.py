@@ -1,0 +1,373 @@
+"""``register_replacement``: user and default FX fusion patterns, one pattern table.
+
+A pattern is a pair of plain functions: ``search_fn`` (the subgraph to find) and ``replace_fn``
+(what replaces it), both traced to ATen with :func:`trace_forward` on ``example_inputs``. The
+matching engine is PyTorch's own (``torch._inductor.pattern_matcher``, as in TorchAir): the
+first match ignores Python ints, floats, dtypes and lists (shapes get burned into a trace), then
+every candidate is checked three times before anything is rewritten:
+
+1. PyTorch re-traces ``search_fn`` with the candidate's real shapes and re-matches it exactly
+   (a different permute order, view shape or dtype fails here);
+2. the user's ``extra_check(match)``;
+3. torchair runs ``search_fn`` and ``replace_fn`` on the candidate's fake values and requires the
+   same output structure, shapes and dtypes (a replacement that would change a graph output's
+   meaning is refused instead of silently rewritten).
+
+A rejected candidate is logged at DEBUG with the reason. All patterns (the defaults of
+:mod:`torchair.patterns.add_rms_norm` and the user's) run in one pass,
+:class:`torchair.passes.pattern_fusion.PatternFusionPass`, switched by
+``experimental_config.pattern_fusion_pass``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from torchair.core.utils import logger
+
+MIN_TORCH = (2, 6)
+_lock = threading.RLock()
+_table = None  # the PatternMatcherPass holding every registered pattern (created lazily)
+_names: list[str] = []
+_counts: dict[str, int] | None = None  # per-pattern rewrites of the pass now running
+
+
+def torch_supported() -> bool:
+    """Pattern fusion relies on the pattern matcher of torch >= 2.6 (as TorchAir does)."""
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return version >= MIN_TORCH
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_unsupported() -> None:
+    logger.warning("pattern fusion needs torch >= %d.%d (this is %s): register_replacement and "
+                   "the default fusion passes are skipped", *MIN_TORCH, torch.__version__)
+
+
+def trace_forward(fn: Callable, args: Sequence[Any], **_ignored: Any) -> fx.GraphModule:
+    """Trace ``fn(*args)`` to an ATen inference graph shaped like the backend's graphs.
+
+    No decompositions (the backend's AOT graph keeps ops such as ``_to_copy`` and the ``npu``
+    ops whole), then identity ops and dead code removed. Extra keyword arguments from PyTorch's
+    matcher (``get_decomp_fn``) are ignored on purpose.
+    """
+    from torch._inductor.fx_passes.post_grad import remove_noop_ops
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.traceback import preserve_node_meta
+
+    with torch.no_grad(), torch._C._EnablePythonDispatcher(), preserve_node_meta():
+        gm = make_fx(fn, {}, tracing_mode="real")(*args)
+    remove_noop_ops(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _pattern_table():
+    global _table
+    if _table is None:
+        from torch._inductor.pattern_matcher import PatternMatcherPass
+
+        _table = PatternMatcherPass(pass_name="torchair_pattern_fusion")
+    return _table
+
+
+def _always(match) -> bool:
+    return True
+
+
+def register_replacement(search_fn: Callable, replace_fn: Callable,
+                         example_inputs: Sequence[Any], trace_fn: Callable | None = None,
+                         extra_check: Callable[[Any], bool] = _always,
+                         search_fn_pattern: Any = None,
+                         scalar_workaround: dict[str, float | int] | None = None,
+                         skip_duplicates: bool = False, *, name: str | None = None) -> bool:
+    """Register a user fusion pattern: wherever ``search_fn``'s graph occurs, use ``replace_fn``.
+
+    Parameters
+    ----------
+    search_fn, replace_fn
+        Functions of the same positional arguments (tensors; scalars named in
+        ``scalar_workaround``); ``search_fn`` is traced to the subgraph to find, ``replace_fn``
+        to what replaces it. Both must return the same structure of tensors with equal shapes
+        and dtypes; a match where they do not is refused.
+    example_inputs
+        One example per argument, used to trace the pattern (any shapes: the match is
+        re-checked with the graph's real shapes).
+    trace_fn
+        How to trace; default :func:`trace_forward` (the backend's graph form).
+    extra_check
+        ``extra_check(match) -> bool``: further conditions on a candidate (its ``kwargs`` map
+        argument names to graph nodes).
+    search_fn_pattern
+        A ready ``PatternExpr`` to match instead of tracing ``search_fn``.
+    scalar_workaround
+        ``{arg_name: example_value}`` for scalar arguments (e.g. an epsilon), matched as values.
+    skip_duplicates
+        Silently skip a pattern equal to one already registered (otherwise PyTorch refuses it).
+    name
+        Name in graph reports (default: ``search_fn``'s name).
+
+    Returns True when registered; False when skipped (duplicate, or torch older than 2.6, which
+    warns once). The patterns run in the pattern fusion pass of every graph compiled afterwards
+    with ``experimental_config.pattern_fusion_pass = True`` (the default).
+    """
+    if not torch_supported():
+        _warn_unsupported()
+        return False
+    for arg, fn in (("search_fn", search_fn), ("replace_fn", replace_fn)):
+        if not callable(fn):
+            raise TypeError(f"register_replacement: {arg} must be a function, got "
+                            f"{type(fn).__name__}")
+    if not isinstance(example_inputs, (list, tuple)):
+        raise TypeError(f"register_replacement: example_inputs must be a list or tuple with one "
+                        f"value per argument of search_fn, got {type(example_inputs).__name__}")
+    nargs = len(inspect.signature(search_fn).parameters)
+    if len(example_inputs) != nargs:
+        raise ValueError(f"register_replacement: search_fn takes {nargs} arguments but "
+                         f"example_inputs has {len(example_inputs)} values; give one per argument")
+    name = name or getattr(search_fn, "__name__", None) or repr(search_fn)
+    checked = functools.partial(_validated, search_fn, replace_fn, extra_check)
+    replay = functools.partial(_replay_check, search_fn, replace_fn, trace_fn or trace_forward,
+                               checked)
+    with _lock:
+        table = _pattern_table()
+        before = {key: list(entries) for key, entries in table.patterns.items()}
+        added = _inductor_register(search_fn, replace_fn, example_inputs,
+                                   trace_fn or trace_forward, table, checked,
+                                   scalar_workaround, search_fn_pattern, skip_duplicates)
+        for key, entries in table.patterns.items():
+            for entry in entries:
+                if not any(entry is old for old in before.get(key, ())):
+                    entry.extra_check = _logged(name, entry.extra_check, replay)
+        if added and name not in _names:
+            _names.append(name)
+    logger.debug("pattern %s registered: %s", name, "yes" if added else "skipped (duplicate)")
+    return bool(added)
+
+
+def _inductor_register(search_fn, replace_fn, example_inputs, trace_fn, table, extra_check,
+                       scalar_workaround, search_fn_pattern, skip_duplicates) -> bool:
+    from torch._inductor import pattern_matcher
+
+    kwargs = dict(extra_check=extra_check, scalar_workaround=scalar_workaround,
+                  search_fn_pattern=search_fn_pattern, skip_duplicates=skip_duplicates)
+    accepted = inspect.signature(pattern_matcher.register_replacement).parameters
+    if "get_decomp_fn" in accepted:
+        kwargs["get_decomp_fn"] = dict  # no decompositions, as the backend's graphs
+    if not skip_duplicates:
+        kwargs.pop("skip_duplicates")  # older signatures may not know it
+    return pattern_matcher.register_replacement(search_fn, replace_fn, list(example_inputs),
+                                                trace_fn, table, **kwargs)
+
+
+class _Rejected(Exception):
+    pass
+
+
+def _logged(name: str, check: Callable, replay: Callable) -> Callable:
+    """Wrap a pattern entry's check: count accepted rewrites, log rejections at DEBUG.
+
+    PyTorch's exact re-match (step 1) cannot follow sizes that are graph inputs of their own
+    (``dynamic=True`` graphs pass symbolic sizes as SymInt placeholders); for a candidate with
+    symbolic shapes that step 1 refused, :func:`_replay_check` decides instead.
+    """
+
+    def run(match) -> bool:
+        node = match.output_nodes()[0] if match.nodes else None
+        try:
+            ok = bool(check(match))
+            reason = "the graph differs from the pattern at its real shapes/arguments"
+            if not ok and _symbolic(match):
+                ok = replay(match)
+        except _Rejected as rejected:
+            ok, reason = False, str(rejected)
+        if ok:
+            if _counts is not None:
+                _counts[name] = _counts.get(name, 0) + 1
+        else:
+            logger.debug("pattern %s: candidate ending at node %s rejected: %s", name,
+                         getattr(node, "name", node), reason)
+        return ok
+
+    return run
+
+
+def _validated(search_fn: Callable, replace_fn: Callable, extra_check: Callable, match) -> bool:
+    if not extra_check(match):
+        raise _Rejected("extra_check returned False")
+    args = [_value(match.kwargs[p]) for p in inspect.signature(search_fn).parameters]
+    fake_mode = torch._guards.detect_fake_mode(args)
+    if fake_mode is None:
+        raise _Rejected("the matched nodes carry no fake values (node.meta['val'])")
+    with fake_mode, torch.no_grad():
+        try:
+            found = search_fn(*args)
+            replaced = replace_fn(*args)
+        except Exception as error:  # noqa: BLE001 - any failure means: do not rewrite
+            raise _Rejected(f"search_fn/replace_fn failed on the matched values: {error}")
+    problem = _differs(found, replaced)
+    if problem:
+        raise _Rejected(f"replace_fn's result differs from search_fn's: {problem}")
+    return True
+
+
+def _value(arg: Any) -> Any:
+    return pytree.tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, arg)
+
+
+def _differs(found: Any, replaced: Any) -> str:
+    found_leaves, found_spec = pytree.tree_flatten(found)
+    replaced_leaves, replaced_spec = pytree.tree_flatten(replaced)
+    if found_spec != replaced_spec:
+        return f"structure {found_spec} vs {replaced_spec}"
+    for i, (a, b) in enumerate(zip(found_leaves, replaced_leaves)):
+        if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+            return f"output {i}: tensor vs non-tensor"
+        if not isinstance(a, torch.Tensor):
+            continue
+        if a.dtype != b.dtype:
+            return f"output {i}: dtype {a.dtype} vs {b.dtype}"
+        if a.dim() != b.dim() or not all(
+                torch.fx.experimental.symbolic_shapes.statically_known_true(x == y)
+                for x, y in zip(a.shape, b.shape)):
+            return f"output {i}: shape {list(a.shape)} vs {list(b.shape)}"
+    return ""
+
+
+def _symbolic(match) -> bool:
+    values = [_value(v) for v in match.kwargs.values()]
+    return any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
+        isinstance(d, torch.SymInt) for d in (*x.shape, *x.stride())))
+        for x in pytree.tree_leaves(values))
+
+
+def _hint(v: Any) -> Any:
+    if not isinstance(v, torch.SymInt):
+        return v
+    hint = v.node.hint
+    return int(hint if hint is not None else v.node.shape_env.size_hint(v.node.expr))
+
+
+def _random_like(value: Any, generator: torch.Generator) -> Any:
+    """A real tensor with ``value``'s dtype and its shape at the shape hints (random data)."""
+    if not isinstance(value, torch.Tensor):
+        return _hint(value)
+    shape = [_hint(d) for d in value.shape]
+    if value.dtype.is_floating_point or value.dtype.is_complex:
+        return torch.randn(shape, generator=generator).to(value.dtype)
+    if value.dtype == torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5
+    return torch.randint(-8, 8, shape, generator=generator).to(value.dtype)
+
+
+def _replay_check(search_fn: Callable, replace_fn: Callable, trace_fn: Callable,
+                  validated: Callable, match) -> bool:
+    """Validate a symbolic-shape candidate by replaying it: the matched nodes and ``search_fn``
+    run on the same random inputs (at the shapes' hints) must give bit-identical results.
+
+    The first match already fixed the op structure (ignoring ints, lists and dtypes); replaying
+    checks what it ignored (a permute order, a view shape, a dtype) by its effect.
+    """
+    argnames = list(inspect.signature(search_fn).parameters)
+    if any(name not in match.kwargs for name in argnames):
+        raise _Rejected("the candidate does not bind every argument of search_fn")
+    values = [_value(match.kwargs[name]) for name in argnames]
+    generator = torch.Generator().manual_seed(0)
+    # real tensors: outside any fake / proxy mode the compiler may run under
+    with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes():
+        real = {name: _random_like(v, generator) for name, v in zip(argnames, values)}
+        try:
+            expected = pytree.tree_leaves(search_fn(*real.values()))
+            found = _run_matched(match, {match.kwargs[n]: real[n] for n in argnames
+                                         if isinstance(match.kwargs[n], fx.Node)})
+        except Exception as error:  # noqa: BLE001 - a candidate that cannot be replayed is refused
+            raise _Rejected(f"replaying the candidate failed: {error}")
+        same = len(expected) == len(found) and all(
+            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(expected, found))
+    if not same:
+        raise _Rejected("replayed on random inputs, the graph computes something else than "
+                        "search_fn (another permutation, view shape or dtype)")
+    validated(match)
+    fake_mode = torch._guards.detect_fake_mode(values)
+    with fake_mode:
+        args = [torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=v.device)
+                if isinstance(v, torch.Tensor) else v for v in values]
+        match.replacement_graph = trace_fn(replace_fn, args)
+    return True
+
+
+def _run_matched(match, inputs: dict) -> list:
+    """Evaluate the matched nodes on ``inputs`` (node -> real value); returns the match's outputs.
+
+    Values from outside the match that are not pattern arguments must be sizes (SymInts): they
+    are taken at their hints, as the random inputs are.
+    """
+    env = dict(inputs)
+    order = {n: i for i, n in enumerate(match.graph.nodes)}
+
+    def load(a):
+        if not isinstance(a, fx.Node):
+            return a
+        if a not in env:
+            value = a.meta.get("val")
+            if not isinstance(value, (int, torch.SymInt)):
+                raise _Rejected(f"node {a.name} feeds the candidate but is not an argument")
+            env[a] = _hint(value)
+        return env[a]
+
+    for node in sorted(match.nodes, key=order.__getitem__):
+        if node in env:
+            continue
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), load)
+        env[node] = node.target(*args, **kwargs)
+    return [env[n] for n in match.output_nodes()]
+
+
+def registered_patterns() -> tuple[str, ...]:
+    """Names of the registered patterns, in registration order."""
+    return tuple(_names)
+
+
+def apply_patterns(gm: fx.GraphModule) -> dict[str, int]:
+    """Run every registered pattern on ``gm`` once; returns rewrites per pattern name."""
+    global _counts
+    with _lock:
+        table = _pattern_table()
+        if not table.patterns:
+            return {}
+        _counts = {}
+        try:
+            table.apply(gm)
+            counts = _counts
+        finally:
+            _counts = None
+    return counts
+
+
+@contextlib.contextmanager
+def isolated_patterns():
+    """Patterns registered inside the ``with`` block are forgotten at its end (for tests)."""
+    with _lock:
+        table = _pattern_table()
+        saved = ({k: list(v) for k, v in table.patterns.items()},
+                 {k: list(v) for k, v in getattr(table, "seen_patterns", {}).items()},
+                 list(_names))
+    try:
+        yield
+    finally:
+        with _lock:
+            table.patterns.clear()
+            table.patterns.update(saved[0])
+            if hasattr(table, "seen_patterns"):
+                table.seen_patterns.clear()
+                table.seen_patterns.update(saved[1])
+            _names[:] = saved[2]
