@@ -7,7 +7,7 @@
                           dynamic=True, fullgraph=True)
     torchair.graph_reports()[-1]   # static or not, and why
 """
-from torchair import ops
+from torchair import inference, ops
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.backend import get_compiler, get_npu_backend
 from torchair.patterns import register_replacement
@@ -21,6 +21,7 @@ __all__ = [
     "get_compiler",
     "get_npu_backend",
     "graph_reports",
+    "inference",
     "ops",
     "register_replacement",
 ]

@@ -13,6 +13,7 @@ import torch.fx as fx
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.pipeline import GraphSignature, compile_graph
 from torchair.core.utils import logger
+from torchair.inference.gears import get_dim_gears
 
 
 def _check_config(compiler_config: Any) -> CompilerConfig:
@@ -42,7 +43,11 @@ def _signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> GraphSignat
     buffers = [n for n, _ in gm.named_buffers(remove_duplicate=False)]
     names = params + buffers
     kinds = ["parameter"] * len(params) + ["tensor"] * len(buffers)
+    gear_dims = []
     for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs):
+        gears = get_dim_gears(_real_input(node))
+        for dim, sizes in (gears or {}).items():
+            gear_dims.append((len(names), dim, sizes))
         names.append(str(node.target))
         if isinstance(value, torch.nn.Parameter):
             kinds.append("parameter")
@@ -50,7 +55,16 @@ def _signature(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> GraphSignat
             kinds.append("tensor")
         else:
             kinds.append("symint")
-    return GraphSignature(tuple(names), tuple(kinds))
+    return GraphSignature(tuple(names), tuple(kinds), tuple(gear_dims))
+
+
+def _real_input(node: fx.Node) -> Any:
+    """The caller's tensor behind a Dynamo placeholder (where set_dim_gears recorded gears)."""
+    grapharg = node.meta.get("grapharg")
+    try:
+        return getattr(grapharg, "example", None)
+    except Exception:  # noqa: BLE001 - a released weak reference: no gears to read
+        return None
 
 
 def get_npu_backend(*, compiler_config: CompilerConfig | None = None,

@@ -14,13 +14,16 @@ import torch.fx as fx
 
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.utils import logger
+from torchair.inference.gears import GearDim, GearTable, merge_gears
 from torchair.passes import default_passes, run_passes
 from torchair.plan.analysis import Analysis, analyze
 from torchair.plan.inputs import InputInfo, describe_inputs
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.plan.sink import SUNK_INPUT_NAME, sink_scalars
+from torchair.plan.specialize import gear_inputs, gear_symbols, specialize
 from torchair.runtime import units
 from torchair.runtime.engines import fx_engine, inductor_engine
+from torchair.runtime.gears import GearUnit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,7 @@ class GraphSignature:
 
     names: tuple[str, ...]
     kinds: tuple[str, ...]  # "tensor" | "symint" | "parameter"
+    gear_dims: tuple[tuple[int, int, tuple[int, ...]], ...] = ()  # (input, dim, sizes)
 
 
 def mutated_inputs(gm: fx.GraphModule) -> set[int]:
@@ -53,9 +57,15 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     graph_id = next_graph_id()
     mutated = mutated_inputs(gm)
     inputs = describe_inputs(example_inputs, signature.names, signature.kinds, mutated)
-    dumps = _dump(gm, inputs, "original", config, graph_id)
+    table = _gear_table(signature, config) if signature.gear_dims else None
+    notes = [f"gears ({table.policy}): " + "; ".join(
+        f"({table.describe(g)})" for g in table.gears)] if table else []
+    dumps = _dump(gm, inputs, "original", config, graph_id, notes)
     passes = default_passes(config)
     fired = run_passes(gm, passes)
+    if table is not None:
+        return _boxed(_compile_gears(gm, example_inputs, inputs, table, config, graph_id,
+                                     dumps, fired, passes))
     analysis = analyze(gm, inputs,
                        tiling_sink=config.experimental_config.tiling_schedule_optimize)
     report = GraphReport(
@@ -68,12 +78,19 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
         unit = _static_unit(gm, analysis, inputs, config, report)
     else:
         unit = _host_unit(gm, example_inputs, config, report)
+    return _boxed(_publish(report, unit))
+
+
+def _publish(report: GraphReport, unit: Callable) -> Callable:
     add_report(report)
     if not report.build_static:
-        logger.info("graph %d is not static:\n%s", graph_id, report)
+        logger.info("graph %d is not static:\n%s", report.graph_id, report)
     else:
         logger.debug("%s", report)
+    return unit
 
+
+def _boxed(unit: Callable) -> Callable:
     def run(args: list) -> Sequence[Any]:
         outputs = unit(args)
         args.clear()
@@ -83,15 +100,67 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     return run
 
 
+def _gear_table(signature: GraphSignature, config: CompilerConfig) -> GearTable:
+    dims = [GearDim(i, signature.names[i], d, sizes) for i, d, sizes in signature.gear_dims]
+    return merge_gears(dims, config.inference_config.dynamic_gears_merge_policy)
+
+
+def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: list[InputInfo],
+                   table: GearTable, config: CompilerConfig, graph_id: int, dumps: list[str],
+                   fired: dict[str, int], passes: list) -> Callable:
+    """One static launch unit per gear, built at first use (see :mod:`torchair.runtime.gears`)."""
+    dims = [(d.input_index, d.dim) for d in table.dims]
+    symbols = gear_symbols(example_inputs, dims)
+    for d, symbol in zip(table.dims, symbols):
+        if symbol is None:
+            raise ValueError(f"{d} has gears {list(d.sizes)} but was traced with a fixed size "
+                             f"{example_inputs[d.input_index].shape[d.dim]}: gears need the dim "
+                             f"traced as a symbol; compile with dynamic=None or dynamic=True (not "
+                             f"dynamic=False) and do not mark_static it")
+
+    def plan(k: int) -> tuple[fx.GraphModule, list[InputInfo], Analysis]:
+        gear = table.gears[k]
+        values: dict = {}
+        for d, symbol, size in zip(table.dims, symbols, gear):
+            if values.setdefault(symbol, size) != size:
+                raise ValueError(f"gear ({table.describe(gear)}) cannot run: the graph requires "
+                                 f"{d} to equal another gear dim (e.g. they are added); give such "
+                                 f"dims equal gears with the 'zip' policy")
+        sgm = specialize(gm, values)
+        ginputs = gear_inputs(inputs, dims, gear)
+        return sgm, ginputs, analyze(sgm, ginputs, tiling_sink=config.experimental_config
+                                     .tiling_schedule_optimize)
+
+    _, _, first = plan(0)
+    report = GraphReport(
+        graph_id=graph_id, fx_static=False, ir_static=first.ir_static,
+        build_static=first.build_static, inputs=inputs,
+        value_dependent_ops=[u.op_name for u in first.value_dependent], reasons=first.reasons,
+        consts=_consts(first), passes=fired, dumps=dumps, patterns=_patterns_fired(passes),
+        gears=[{"gear": table.describe(g), "built": False, "build_seconds": None}
+               for g in table.gears])
+    if not first.build_static:
+        return _publish(report, _host_unit(gm, example_inputs, config, report))
+
+    def build(k: int, pool: Any) -> Callable:
+        sgm, ginputs, analysis = plan(k)
+        return _static_unit(sgm, analysis, ginputs, config, report, pool=pool,
+                            notes=[f"gear {k + 1}/{len(table.gears)}: "
+                                   f"{table.describe(table.gears[k])}"])
+
+    return _publish(report, GearUnit(table, build, report))
+
+
 def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo],
-                 config: CompilerConfig, report: GraphReport) -> units.StaticUnit:
+                 config: CompilerConfig, report: GraphReport, pool: Any = None,
+                 notes: Sequence[str] = ()) -> units.StaticUnit:
     names = [i.name for i in inputs]
     program = None
     kept = tuple(range(len(inputs)))
     if analysis.host_scalars:
         sunk = sink_scalars(gm, analysis, names)
         gm, program, kept = sunk.gm, sunk.program, sunk.kept_inputs
-        report.sunk_inputs = list(program.input_names)
+        report.sunk_inputs = program.used_input_names()
         if len(program) == 0:
             program = None  # scalars unused: nothing to stage
             gm = _drop_placeholder(gm, SUNK_INPUT_NAME)
@@ -115,12 +184,12 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
     if program is not None:
         dump_inputs.append(InputInfo(len(dump_inputs), SUNK_INPUT_NAME, "tensor",
                                      (len(program),), "int64", device=str(device)))
-    report.dumps += _dump(gm, dump_inputs, "optimized", config, report.graph_id)
+    report.dumps += _dump(gm, dump_inputs, "optimized", config, report.graph_id, notes)
     borrowed = {i.index for i in inputs if i.kind == "parameter"} | _static_input_indices()
     return units.StaticUnit(gm, kept_inputs=kept, program=program, engine=engine,
                             capture=capture, borrowed=borrowed,
                             mutated={i.index for i in inputs if i.mutated}, names=names,
-                            report=report)
+                            report=report, pool=pool)
 
 
 def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilerConfig,
@@ -170,11 +239,11 @@ def _consts(analysis: Analysis) -> dict[str, Any]:
 
 
 def _dump(gm: fx.GraphModule, inputs: list[InputInfo], stage: str, config: CompilerConfig,
-          graph_id: int) -> list[str]:
+          graph_id: int, notes: Sequence[str] = ()) -> list[str]:
     fmt = config.debug.graph_dump.type
     if fmt is None:
         return []
     from torchair.plan.dump import write_dump
 
     return [write_dump(gm, inputs, stage=stage, fmt=fmt, directory=config.debug.graph_dump.path,
-                       graph_id=graph_id)]
+                       graph_id=graph_id, notes=notes)]

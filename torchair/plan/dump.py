@@ -45,11 +45,12 @@ def dump_file_name(stage: str, graph_id: int, fmt: str) -> str:
 
 
 def write_dump(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, stage: str, fmt: str,
-               directory: str | None, graph_id: int) -> str:
+               directory: str | None, graph_id: int, notes: Sequence[str] = ()) -> str:
     """Write one dump of ``gm`` (an ATen FX graph; ``inputs`` describe its placeholders).
 
     ``stage`` is "original" or "optimized", ``fmt`` "txt", "pbtxt" or "py"; ``directory`` None
-    means the working directory (created when missing). Returns the file's path.
+    means the working directory (created when missing); ``notes`` become ``#`` comment lines at
+    the top (e.g. the gears). Returns the file's path.
     """
     if stage not in STAGES:
         raise ValueError(f"write_dump: stage={stage!r} is not supported; expected one of {STAGES}")
@@ -61,6 +62,7 @@ def write_dump(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, stage: str, f
         ir = to_ir(gm, inputs)
         render = render_txt if fmt == "txt" else render_pbtxt
         text = render(ir, graph_id=graph_id, stage=stage)
+    text = "".join(f"# {note}\n" for note in notes) + text
     directory = os.getcwd() if directory is None else directory
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, dump_file_name(stage, graph_id, fmt))

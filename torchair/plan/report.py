@@ -60,7 +60,11 @@ class GraphReport:
         if self.sunk_inputs:
             lines.append(f"  sunk into the device scalar buffer: {', '.join(self.sunk_inputs)}")
         if self.gears:
-            lines.append(f"  gears: {self.gears}")
+            built = sum(1 for g in self.gears if g.get("built"))
+            lines.append(f"  gears: {len(self.gears)} ({built} built)")
+            lines += [f"    gear {k + 1}: {g['gear']}" + (
+                f" - built in {g['build_seconds']:.2f} s" if g.get("built") else " - not built")
+                for k, g in enumerate(self.gears)]
         if self.passes:
             lines.append("  passes: " + ", ".join(f"{k} x{v}" for k, v in self.passes.items()))
         if self.patterns:

@@ -37,6 +37,30 @@ class HostScalarProgram:
     def __len__(self) -> int:
         return len(self.slots)
 
+    def used_input_names(self) -> list[str]:
+        """Names of the scalar inputs some buffer slot depends on (others are only read)."""
+        refs: list[int] = []
+
+        def note(a: Any) -> Any:
+            if isinstance(a, _Ref):
+                refs.append(a.index)
+            return a
+
+        used: set[int] = set()
+        pending = [s.index for s in self.slots if isinstance(s, _Ref)]
+        n = len(self.input_indices)
+        while pending:
+            k = pending.pop()
+            if k in used:
+                continue
+            used.add(k)
+            if k >= n:
+                refs.clear()
+                _, fn_args, fn_kwargs = self.steps[k - n]
+                fx.node.map_aggregate((fn_args, fn_kwargs), note)
+                pending += refs
+        return [name for k, name in enumerate(self.input_names) if k in used]
+
     def __call__(self, args: Sequence[Any]) -> list[int]:
         env = [args[i] for i in self.input_indices]
 

@@ -75,8 +75,9 @@ class StaticUnit:
     def __init__(self, gm: fx.GraphModule, *, kept_inputs: Sequence[int],
                  program: HostScalarProgram | None, engine: str, capture: str | None,
                  borrowed: set[int], mutated: set[int], names: Sequence[str],
-                 report: GraphReport) -> None:
+                 report: GraphReport, pool: Any = None) -> None:
         self.gm = gm
+        self.pool = pool  # CUDA graph memory pool shared with other units (gears); None: own
         self.kept = tuple(kept_inputs)
         self.program = program
         self.engine_name = engine
@@ -129,7 +130,9 @@ class StaticUnit:
         own), up to ``MAX_CAPTURES``; beyond that inputs are copied in and out around a replay."""
         captures: dict[tuple[int, ...], _Capture] = {}
         keyed = sorted(self.borrowed | self.mutated)
-        pool = torch.cuda.graph_pool_handle() if self.capture == "cuda" else None
+        pool = None
+        if self.capture == "cuda":
+            pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
 
         def run(call_args: list) -> list:
             key = tuple(call_args[i].data_ptr() for i in keyed)
