@@ -211,3 +211,24 @@ def test_old_torch_warns_once_and_skips(monkeypatch):
     warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "torch >= 2.6" in warnings[0]
     assert "_search" not in replacement.registered_patterns()
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_extra_keyword_argument_is_a_near_miss(debug_log, dynamic):
+    """add(x, y, alpha=2) has the pattern's ops; the matcher ignores the keyword, the replay not."""
+    def search(x, y):
+        return torch.relu(x + y) * 3
+
+    def replace(x, y):
+        return torch.clamp_min(torch.add(x, y), 0.0) * 3
+
+    torchair.register_replacement(search, replace, [torch.randn(3), torch.randn(3)])
+
+    def f(x, y):
+        return torch.relu(torch.add(x, y, alpha=2)) * 3
+
+    x, y = torch.randn(5), torch.randn(5)
+    out, report = _compile(f, x, y, dynamic=dynamic)
+    torch.testing.assert_close(out, f(x, y))
+    assert report.patterns == {}
+    assert any("computes something else" in m for m in _rejections(debug_log))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from torchair.core.utils import logger
+from torchair.patterns import replacement
 from torchair.patterns.replacement import register_replacement, registered_patterns
 
 _EPS = 1.2345e-5  # example epsilon for tracing: a value no other constant of the pattern has
@@ -123,12 +124,17 @@ def has_anchor(gm) -> bool:
 
 def register_defaults() -> tuple[str, ...]:
     """Register the default patterns unless they are; returns the names of those registered."""
-    if all(name in registered_patterns() for name in NAMES):
-        return NAMES
-    missing = [op for op in _OPS if not hasattr(torch.ops.npu, op)]
-    if missing:
-        logger.debug("default fusion patterns skipped: ops %s are not defined", missing)
-        return ()
+    with replacement._lock:  # another thread must not see some variants registered only
+        if all(name in registered_patterns() for name in NAMES):
+            return NAMES
+        missing = [op for op in _OPS if not hasattr(torch.ops.npu, op)]
+        if missing:
+            logger.debug("default fusion patterns skipped: ops %s are not defined", missing)
+            return ()
+        return _register_all()
+
+
+def _register_all() -> tuple[str, ...]:
     makers = ((SMOOTH, _smooth, True), (FLATTEN, _flatten, False), (CAST, _cast, False))
     for name, make, smooth in makers:
         for keep_x_out in (True, False):

@@ -36,6 +36,7 @@ MIN_TORCH = (2, 6)
 _lock = threading.RLock()
 _table = None  # the PatternMatcherPass holding every registered pattern (created lazily)
 _names: list[str] = []
+_sources: list[tuple[str, str]] = []  # (name, source of search_fn + replace_fn), for cache keys
 _counts: dict[str, int] | None = None  # per-pattern rewrites of the pass now running
 
 
@@ -137,6 +138,7 @@ def register_replacement(search_fn: Callable, replace_fn: Callable,
     checked = functools.partial(_validated, search_fn, replace_fn, extra_check)
     replay = functools.partial(_replay_check, search_fn, replace_fn, trace_fn or trace_forward,
                                checked)
+    same = functools.partial(_replay_equal, search_fn)
     with _lock:
         table = _pattern_table()
         before = {key: list(entries) for key, entries in table.patterns.items()}
@@ -146,9 +148,12 @@ def register_replacement(search_fn: Callable, replace_fn: Callable,
         for key, entries in table.patterns.items():
             for entry in entries:
                 if not any(entry is old for old in before.get(key, ())):
-                    entry.extra_check = _logged(name, entry.extra_check, replay)
+                    entry.extra_check = _logged(name, entry.extra_check, replay, same)
         if added and name not in _names:
             _names.append(name)
+        if added and not getattr(search_fn, "__module__", "").startswith("torchair."):
+            # torchair's own patterns are covered by its source hash; user patterns by this
+            _sources.append((name, _fn_source(search_fn) + _fn_source(replace_fn)))
     logger.debug("pattern %s registered: %s", name, "yes" if added else "skipped (duplicate)")
     return bool(added)
 
@@ -172,23 +177,30 @@ class _Rejected(Exception):
     pass
 
 
-def _logged(name: str, check: Callable, replay: Callable) -> Callable:
+def _logged(name: str, check: Callable, replay: Callable, same: Callable) -> Callable:
     """Wrap a pattern entry's check: count accepted rewrites, log rejections at DEBUG.
 
-    PyTorch's exact re-match (step 1) cannot follow sizes that are graph inputs of their own
-    (``dynamic=True`` graphs pass symbolic sizes as SymInt placeholders); for a candidate with
-    symbolic shapes that step 1 refused, :func:`_replay_check` decides instead.
+    After PyTorch's exact re-match (which ignores keyword arguments a matched node has beyond the
+    pattern's, e.g. ``add(x, y, alpha=2)``) every candidate is also replayed
+    (:func:`_replay_equal`). PyTorch's re-match cannot follow sizes that are graph inputs of their
+    own (``dynamic=True`` graphs pass symbolic sizes as SymInt placeholders); for a candidate with
+    symbolic shapes that it refused, :func:`_replay_check` decides instead. Any error while
+    checking rejects the candidate: a check never fails the compile.
     """
 
     def run(match) -> bool:
         node = match.output_nodes()[0] if match.nodes else None
+        reason = "the graph differs from the pattern at its real shapes/arguments"
         try:
             ok = bool(check(match))
-            reason = "the graph differs from the pattern at its real shapes/arguments"
-            if not ok and _symbolic(match):
+            if ok:
+                same(match)
+            elif _symbolic(match):
                 ok = replay(match)
         except _Rejected as rejected:
             ok, reason = False, str(rejected)
+        except Exception as error:  # noqa: BLE001 - e.g. a fake kernel refusing the re-trace
+            ok, reason = False, f"checking it raised {type(error).__name__}: {error}"
         if ok:
             if _counts is not None:
                 _counts[name] = _counts.get(name, 0) + 1
@@ -262,32 +274,42 @@ def _random_like(value: Any, generator: torch.Generator) -> Any:
         return _hint(value)
     shape = [_hint(d) for d in value.shape]
     if value.dtype.is_floating_point or value.dtype.is_complex:
-        return torch.randn(shape, generator=generator).to(value.dtype)
-    if value.dtype == torch.bool:
-        return torch.rand(shape, generator=generator) > 0.5
-    return torch.randint(-8, 8, shape, generator=generator).to(value.dtype)
+        data = torch.randn(shape, generator=generator)
+    elif value.dtype == torch.bool:
+        data = torch.rand(shape, generator=generator) > 0.5
+    else:
+        data = torch.randint(-8, 8, shape, generator=generator)
+    return data.to(device=value.device, dtype=value.dtype)
 
 
-def _replay_check(search_fn: Callable, replace_fn: Callable, trace_fn: Callable,
-                  validated: Callable, match) -> bool:
-    """Validate a symbolic-shape candidate by replaying it: the matched nodes and ``search_fn``
-    run on the same random inputs (at the shapes' hints) must give bit-identical results.
+def _replay_equal(search_fn: Callable, match) -> None:
+    """Replay a candidate: the matched nodes and ``search_fn`` run on the same random inputs (at
+    the shapes' hints, on the values' devices) must give bit-identical results, else
+    :class:`_Rejected`.
 
-    The first match already fixed the op structure (ignoring ints, lists and dtypes); replaying
-    checks what it ignored (a permute order, a view shape, a dtype) by its effect.
+    The structural match fixed the op structure; replaying checks by their effect what it does
+    not compare: ints, lists and dtypes it ignored (a permute order, a view shape), keyword
+    arguments beyond the pattern's (``alpha=2``).
     """
     argnames = list(inspect.signature(search_fn).parameters)
     if any(name not in match.kwargs for name in argnames):
         raise _Rejected("the candidate does not bind every argument of search_fn")
-    values = [_value(match.kwargs[name]) for name in argnames]
     generator = torch.Generator().manual_seed(0)
     # real tensors: outside any fake / proxy mode the compiler may run under
     with torch.no_grad(), torch.utils._python_dispatch._disable_current_modes():
-        real = {name: _random_like(v, generator) for name, v in zip(argnames, values)}
+        by_node: dict = {}  # one random value per distinct node (x1 and x2 may be one node)
+        real = []
+        for name in argnames:
+            arg = match.kwargs[name]
+            if isinstance(arg, fx.Node):
+                if arg not in by_node:
+                    by_node[arg] = _random_like(_value(arg), generator)
+                real.append(by_node[arg])
+            else:
+                real.append(_random_like(_value(arg), generator))
         try:
-            expected = pytree.tree_leaves(search_fn(*real.values()))
-            found = _run_matched(match, {match.kwargs[n]: real[n] for n in argnames
-                                         if isinstance(match.kwargs[n], fx.Node)})
+            expected = pytree.tree_leaves(search_fn(*real))
+            found = _run_matched(match, by_node)
         except Exception as error:  # noqa: BLE001 - a candidate that cannot be replayed is refused
             raise _Rejected(f"replaying the candidate failed: {error}")
         same = len(expected) == len(found) and all(
@@ -295,8 +317,15 @@ def _replay_check(search_fn: Callable, replace_fn: Callable, trace_fn: Callable,
             and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(expected, found))
     if not same:
         raise _Rejected("replayed on random inputs, the graph computes something else than "
-                        "search_fn (another permutation, view shape or dtype)")
+                        "search_fn (another permutation, view shape, dtype or argument)")
+
+
+def _replay_check(search_fn: Callable, replace_fn: Callable, trace_fn: Callable,
+                  validated: Callable, match) -> bool:
+    """Accept a symbolic-shape candidate PyTorch's re-match refused, if replaying agrees."""
+    _replay_equal(search_fn, match)
     validated(match)
+    values = [_value(match.kwargs[name]) for name in inspect.signature(search_fn).parameters]
     fake_mode = torch._guards.detect_fake_mode(values)
     with fake_mode:
         args = [torch.empty_strided(v.size(), v.stride(), dtype=v.dtype, device=v.device)
@@ -332,6 +361,18 @@ def _run_matched(match, inputs: dict) -> list:
     return [env[n] for n in match.output_nodes()]
 
 
+def _fn_source(fn: Callable) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return repr(getattr(fn, "__code__", fn))
+
+
+def registered_sources() -> tuple[tuple[str, str], ...]:
+    """(name, source) of every registered pattern: what a compile cache key must cover."""
+    return tuple(_sources)
+
+
 def registered_patterns() -> tuple[str, ...]:
     """Names of the registered patterns, in registration order."""
     return tuple(_names)
@@ -360,7 +401,7 @@ def isolated_patterns():
         table = _pattern_table()
         saved = ({k: list(v) for k, v in table.patterns.items()},
                  {k: list(v) for k, v in getattr(table, "seen_patterns", {}).items()},
-                 list(_names))
+                 list(_names), list(_sources))
     try:
         yield
     finally:
@@ -371,3 +412,4 @@ def isolated_patterns():
                 table.seen_patterns.clear()
                 table.seen_patterns.update(saved[1])
             _names[:] = saved[2]
+            _sources[:] = saved[3]
