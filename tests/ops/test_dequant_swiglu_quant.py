@@ -244,3 +244,37 @@ def test_errors(override, exc, match):
         OP(x, **kw)
     with pytest.raises(exc, match=match):
         prepare_dequant_swiglu_quant(x, **kw)
+
+
+@pytest.mark.parametrize("override,exc,match", ERRORS)
+def test_fake_kernel_raises_the_same_errors(override, exc, match):
+    """The fake kernel runs the eager kernel's checks (one shared function), e.g. an odd last
+    dim of x is rejected under FakeTensorMode too."""
+    kw = _valid()
+    kw.update(override)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    with FakeTensorMode() as mode:
+        kw = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        x = kw.pop("x")
+        with pytest.raises(exc, match=match):
+            OP(x, **kw)
+
+
+def test_fake_kernel_rejects_odd_last_dim():
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.zeros(4, 7, dtype=torch.int32))
+        with pytest.raises(ValueError, match="even, non-zero last dimension"):
+            OP(x, weight_scale=mode.from_tensor(torch.ones(7)), quant_mode=1)
+
+
+def test_group_index_error_names_int32_and_int64():
+    kw = _valid()
+    x = kw.pop("x")
+    for bad in (torch.tensor([2.0]), torch.zeros(0, dtype=torch.int64),
+                torch.ones(1, 2, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="1-D int32 or int64 tensor"):
+            OP(x, **dict(kw, group_index=bad))
+    # int32 is accepted, as the message says
+    y, s = OP(x, **dict(kw, group_index=torch.tensor([4], dtype=torch.int32),
+                        weight_scale=torch.ones(1, 8), quant_scale=torch.ones(1, 4)))
+    assert y.shape == (4, 4) and s.shape == (4,)

@@ -312,3 +312,18 @@ def test_fake_kernels_raise_the_same_errors():
             DQ(torch.empty(2, 4), dst_type=torch.quint4x2)
         with pytest.raises(ValueError, match="output_mask"):
             FUSED(torch.empty(2, 4), torch.empty(2, 4), torch.empty(4), output_mask=[True])
+
+
+def test_fused_zero_width_rows_raise_a_clear_error():
+    """x1 [3, 0]: a zero-sized normalized dim is rejected by the shared norm checks (reference,
+    CPU kernel and fake alike) with a ValueError naming gamma, not a raw reshape error."""
+    x, gamma = torch.empty(3, 0), torch.empty(0)
+    match = "gamma has shape .* hold zero elements"
+    with pytest.raises(ValueError, match=match):
+        FUSED(x, x, gamma)
+    with pytest.raises(ValueError, match=match):
+        add_rms_norm_dynamic_quant_reference(x, x, gamma)
+    with FakeTensorMode() as mode:
+        fx, fg = mode.from_tensor(x), mode.from_tensor(gamma)
+        with pytest.raises(ValueError, match=match):
+            FUSED(fx, fx, fg)

@@ -11,9 +11,12 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import torchair.ops  # noqa: E402,F401 (registers the ops)
 from torchair.ops import _norm_triton as nt  # noqa: E402
+from torchair.ops._triton_utils import rint  # noqa: E402
 from torchair.ops.dynamic_quant import (add_rms_norm_dynamic_quant_reference,  # noqa: E402
                                         dynamic_quant_reference)
 from torchair.ops.rms_norm import add_rms_norm_cast_reference, rms_norm_reference  # noqa: E402
@@ -201,3 +204,74 @@ def test_cuda_graph_capture():
                                                smooth_scale1=d["s1"])
     assert torch.equal(out[2], ref[2])
     _close_quant(out[0], out[3], ref[0], ref[3])
+
+
+# ---------------------------------------------------------------- review fixes -------------------
+
+def test_group_index_is_moved_to_the_input_device():
+    """dynamic_quant_triton hands group_index to the kernel on x's device: a CPU group_index with
+    a CUDA x is copied (Triton would otherwise read a host pointer on the GPU). Checked here with
+    the meta device standing in for CUDA."""
+    gi = torch.tensor([1, 3, 5, 7], dtype=torch.int32)[::2]  # non-contiguous, on the CPU
+    moved = nt.group_index_on(gi, torch.device("meta"))
+    assert moved.device.type == "meta" and moved.dtype == torch.int32
+    assert moved.shape == (2,) and moved.is_contiguous()
+    same = nt.group_index_on(gi, torch.device("cpu"))
+    assert same.is_contiguous() and same.tolist() == [1, 5]
+
+
+@interp
+def test_dynamic_quant_triton_grouped_uses_group_index_on_device(monkeypatch):
+    seen = []
+    real = nt.group_index_on
+
+    def spy(group_index, device):
+        seen.append(torch.device(device))
+        return real(group_index, device)
+
+    monkeypatch.setattr(nt, "group_index_on", spy)
+    d = _inputs((6, 16), torch.float32, seed=5)
+    smooth = torch.rand(3, 16) + 0.5
+    gi = torch.tensor([2, 4, 6], dtype=torch.int64)
+    y, scale = nt.dynamic_quant_triton(d["x1"], smooth, gi)
+    assert seen == [d["x1"].device]
+    _close_quant(y, scale, *dynamic_quant_reference(d["x1"], smooth_scales=smooth,
+                                                    group_index=gi))
+
+
+@pytest.mark.cuda
+@cuda
+def test_dynamic_quant_cuda_with_cpu_group_index():
+    d = _inputs((64, 512), torch.bfloat16, seed=9, device="cuda")
+    smooth = (torch.rand(3, 512) + 0.5).to(torch.bfloat16).cuda()
+    gi = torch.tensor([10, 40, 64], dtype=torch.int32)  # on the CPU
+    y, scale = torch.ops.npu.npu_dynamic_quant(d["x1"], smooth_scales=smooth, group_index=gi)
+    _close_quant(y, scale, *dynamic_quant_reference(d["x1"], smooth_scales=smooth,
+                                                    group_index=gi))
+
+
+def test_triton_helpers_have_one_definition():
+    """next_pow2 / interpreted / round half to even live in torchair.ops._triton_utils only."""
+    from torchair.ops import _decode_triton, _quant_triton, _triton_utils
+    for mod in (nt, _quant_triton, _decode_triton):
+        assert mod.next_pow2 is _triton_utils.next_pow2
+        assert mod.interpreted is _triton_utils.interpreted
+        assert not hasattr(mod, "_next_pow2")
+    assert nt.rint is _triton_utils.rint and _quant_triton._rint is _triton_utils.rint
+    assert not hasattr(nt, "_ROUND_MAGIC") and not hasattr(nt, "_INT8_MAX")
+    assert [_triton_utils.next_pow2(v) for v in (0, 1, 2, 3, 16, 17)] == [1, 1, 2, 4, 16, 32]
+
+
+@triton.jit
+def _rint_kernel(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, rint(tl.load(X + offs)))
+
+
+@interp
+def test_rint_is_round_half_to_even_for_every_float32():
+    v = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, 127.5, -127.5, 0.49999997,
+                      2.0 ** 22 + 0.5, 2.0 ** 23 + 1, -(2.0 ** 24) - 2, 3.0e38, -1e-30, 0.0])
+    out = torch.empty_like(v)
+    _rint_kernel[(1,)](v, out, N=v.numel())
+    assert torch.equal(out, torch.round(v))

@@ -27,10 +27,11 @@ def _case(m=5, k=37, n=11, b1=(), b2=(), seed=0):
 
 
 def _numpy_oracle(x1, x2, scale, offset=None, pertoken=None, bias=None, out=torch.int8):
-    """The documented formula with numpy: int64 matmul, float32 epilogue, np.rint (half even)."""
+    """The documented formula with numpy: int64 matmul, int32 bias with int32 wrap-around,
+    float32 epilogue, np.rint (half even)."""
     acc = np.matmul(x1.numpy().astype(np.int64), x2.numpy().astype(np.int64))
     if bias is not None and bias.dtype == torch.int32:
-        acc = acc + bias.numpy().astype(np.int64)
+        acc = (acc + bias.numpy().astype(np.int64) + 2**31) % 2**32 - 2**31
     v = acc.astype(np.float32) * scale.float().numpy()
     if pertoken is not None:
         v = v * pertoken.numpy()[:, None]
@@ -226,3 +227,53 @@ def test_k_limit():
     with pytest.raises(ValueError, match="K = 65536 exceeds"):
         prepare_quant_matmul(torch.zeros(1, 65536, dtype=torch.int8),
                              torch.zeros(65536, 1, dtype=torch.int8), torch.ones(1))
+
+
+@pytest.mark.parametrize("override,exc,match", ERRORS)
+def test_fake_kernel_raises_the_same_errors(override, exc, match):
+    """The fake kernel runs the eager kernel's checks (one shared function): e.g. K of x1 and x2
+    must agree, and the scale / offset / pertoken_scale / bias rules."""
+    kw = {"x1": torch.zeros(4, 8, dtype=torch.int8), "x2": torch.zeros(8, 3, dtype=torch.int8),
+          "scale": torch.ones(3)}
+    kw.update(override)
+    with FakeTensorMode() as mode:
+        kw = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        x1, x2, scale = kw.pop("x1"), kw.pop("x2"), kw.pop("scale")
+        with pytest.raises(exc, match=match):
+            OP(x1, x2, scale, **kw)
+
+
+def test_fake_kernel_rejects_k_mismatch():
+    with FakeTensorMode() as mode:
+        x1 = mode.from_tensor(torch.zeros(4, 8, dtype=torch.int8))
+        x2 = mode.from_tensor(torch.zeros(9, 3, dtype=torch.int8))
+        with pytest.raises(ValueError, match="disagree on K"):
+            OP(x1, x2, mode.from_tensor(torch.ones(3)))
+
+
+@pytest.mark.parametrize("b1,b2,bias_shape", [((), (), (3,)), ((2,), (), (2, 1, 3)),
+                                              ((2,), (2,), (3,))])
+@pytest.mark.parametrize("out", [torch.bfloat16, torch.int8])
+def test_int32_bias_wraps_around_in_every_kernel(b1, b2, bias_shape, out):
+    """acc + int32 bias beyond the int32 range wraps around (the int32 accumulator) in the
+    reference, the CPU kernel (int32 in place) and the numpy formula alike."""
+    x1 = torch.full((*b1, 2, 64), 127, dtype=torch.int8)
+    x2 = torch.full((*b2, 64, 3), 127, dtype=torch.int8)
+    x2[..., 2] = -128
+    bias = torch.tensor([2**31 - 1000, -2**31 + 5, -2**31 + 100], dtype=torch.int32)
+    bias = bias.expand(bias_shape).contiguous()
+    scale = torch.tensor([2.0 ** -24]) if out == torch.int8 else torch.ones(1)
+    kw = {"bias": bias, "output_dtype": out}
+    ref = quant_matmul_reference(x1, x2, scale, **kw)
+    got = OP(x1, x2, scale, **kw)
+    assert torch.equal(got, ref)
+    acc = torch.tensor([64 * 127 * 127, 64 * 127 * 127, -64 * 127 * 128])
+    wrapped = (acc + bias.reshape(-1, 3).long() + 2**31) % 2**32 - 2**31
+    want = (wrapped.double() * float(scale)).float()
+    want = want.round().clamp(-128, 127) if out == torch.int8 else want
+    assert torch.equal(ref.reshape(-1, 2, 3), want[:, None, :].to(out).expand_as(
+        ref.reshape(-1, 2, 3)))
+    if out == torch.int8:  # wrapped: -128 / -128 / +127; without the wrap: 127 / -128 / -128
+        assert ref.reshape(-1, 3)[0].tolist() == [-128, -128, 127]
+    if not b1 and not b2:
+        assert torch.equal(_numpy_oracle(x1, x2, scale, bias=bias, out=out), ref)

@@ -203,3 +203,74 @@ def test_dequant_swiglu_quant_cuda(dynamic, groups):
     x, kw = _swiglu_case(512, 2048, bias=None if groups else torch.int32, dynamic=dynamic,
                          offset=not dynamic, groups=groups, device="cuda")
     _check_swiglu(x, **kw)
+
+
+# ---------------------------------------------------------------- review fixes -------------------
+
+@pytest.mark.parametrize("blocks", [(16, 16, 16), (16, 16, 8), (8, 16, 32), (16, 24, 32),
+                                    (16, 16), ("a", 16, 32)])
+def test_blocks_override_is_validated(blocks):
+    """An int8 tl.dot needs K >= 32 on NVIDIA GPUs (Triton's min_dot_size (1, 1, 32) for 8-bit
+    operands); the interpreter does not enforce it, so the override must."""
+    x1 = torch.zeros(4, 64, dtype=torch.int8)
+    x2 = torch.zeros(64, 16, dtype=torch.int8)
+    plan = prepare_quant_matmul(x1, x2, torch.ones(1))
+    with pytest.raises(ValueError, match="blocks"):
+        qt.quant_matmul_triton(x1, x2, plan, blocks=blocks)
+    with pytest.raises(ValueError, match=r"blocks.*BLOCK_K >= 32"):
+        qt.check_matmul_blocks(blocks)
+
+
+def test_blocks_override_accepts_valid():
+    assert qt.check_matmul_blocks((16, 32, 32)) == (16, 32, 32)
+    assert qt.check_matmul_blocks([64, 16, 128]) == (64, 16, 128)
+    assert qt._matmul_blocks(3, 5, 7)[2] >= 32  # the heuristic honours the same rule
+
+
+_ROW_OFFSET_PROBE = """
+import torch
+import torchair.ops
+from torchair.ops import _quant_triton as qt
+from torchair.ops.quant_matmul import prepare_quant_matmul, quant_matmul_reference
+assert qt.interpreted()
+g = torch.Generator().manual_seed(0)
+# rows 2**30 bytes apart: row 2 starts at 2**31, past int32 (pages are touched lazily: ~no memory)
+store = torch.empty(2 * 2**30 + 64, dtype=torch.int8)
+x1 = store.as_strided((3, 32), (2**30, 1))
+x1.copy_(torch.randint(-128, 128, (3, 32), generator=g, dtype=torch.int8))
+x2 = torch.randint(-128, 128, (32, 16), generator=g, dtype=torch.int8)
+scale = torch.full((16,), 1e-3)
+plan = prepare_quant_matmul(x1, x2, scale, output_dtype=torch.float16)
+out = qt.quant_matmul_triton(x1, x2, plan, blocks=(16, 16, 32))
+ref = quant_matmul_reference(x1.contiguous(), x2, scale, output_dtype=torch.float16)
+assert torch.equal(out, ref), (out, ref)
+print("ROW_OFFSETS_OK")
+"""
+
+
+def test_quant_matmul_row_offsets_are_int64_subprocess():
+    """``offs_m * stride_am`` past 2**31 (~300k tokens at K = 7168): int32 offsets wrap to a
+    negative address (a segfault in the interpreter), int64 ones read the right row. Run in a
+    child interpreter process so that a crash fails this test instead of killing the session."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", _ROW_OFFSET_PROBE], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0 and "ROW_OFFSETS_OK" in res.stdout, \
+        f"rc={res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+
+
+@interp
+def test_quant_matmul_interpreted_int32_bias_wraps_like_reference():
+    """acc + int32 bias past 2**31 wraps around in the int32 accumulator, as in the reference."""
+    x1 = torch.full((2, 64), 127, dtype=torch.int8)
+    x2 = torch.full((64, 3), 127, dtype=torch.int8)
+    bias = torch.tensor([2**31 - 1000, -2**31 + 5, 7], dtype=torch.int32)
+    scale = torch.tensor([2.0 ** -24])  # int8 output: v = wrapped accumulator / 2**24, exact
+    plan = prepare_quant_matmul(x1, x2, scale, bias=bias)
+    out = qt.quant_matmul_triton(x1, x2, plan, blocks=(16, 16, 32))
+    acc = 64 * 127 * 127
+    want = [(acc + int(b) + 2**31) % 2**32 - 2**31 for b in bias]
+    want = torch.tensor(want, dtype=torch.float64).mul(2.0 ** -24).round().clamp(-128, 127)
+    assert out[0].tolist() == [-128, -128, 0] == want.to(torch.int8).tolist()  # no wrap: 127
+    assert torch.equal(out[1], out[0])
+    assert torch.equal(out, quant_matmul_reference(x1, x2, scale, bias=bias))

@@ -216,3 +216,32 @@ def test_fake_kernel_raises_the_same_errors():
     with FakeTensorMode():
         with pytest.raises(ValueError, match="gamma has shape"):
             RMS(torch.empty(2, 4), torch.empty(3))
+
+
+ZERO_WIDTH = [((3, 0), (0,)), ((2, 4, 0), (4, 0)), ((0, 0), (0,))]
+
+
+@pytest.mark.parametrize("x_shape,gamma_shape", ZERO_WIDTH)
+def test_zero_sized_normalized_dims_raise_a_clear_error(x_shape, gamma_shape):
+    """x [3, 0] with gamma [0]: the RMS of an empty row is undefined. Reference, CPU kernel and
+    fake kernel raise one ValueError naming gamma and x (not a raw reshape RuntimeError)."""
+    x, gamma = torch.empty(x_shape), torch.empty(gamma_shape)
+    match = r"gamma has shape .*normalized dims .* hold zero elements"
+    calls = [lambda a, g: RMS(a, g), lambda a, g: ADD(a, a, g), lambda a, g: CAST(a, a, g),
+             lambda a, g: rms_norm_reference(a, g), lambda a, g: add_rms_norm_reference(a, a, g),
+             lambda a, g: add_rms_norm_cast_reference(a, a, g)]
+    for call in calls:
+        with pytest.raises(ValueError, match=match):
+            call(x, gamma)
+    with FakeTensorMode() as mode:
+        fx, fg = mode.from_tensor(x), mode.from_tensor(gamma)
+        for call in calls[:3]:
+            with pytest.raises(ValueError, match=match):
+                call(fx, fg)
+
+
+def test_rstd_shape_has_one_definition():
+    from torchair.ops import _norm_triton, rms_norm
+    assert rms_norm.rstd_shape is _norm_cpu.rstd_shape is _norm_triton.rstd_shape
+    assert not hasattr(_norm_cpu, "_rstd_shape")
+    assert _norm_cpu.rstd_shape(torch.empty(2, 3, 4, 5), torch.empty(4, 5)) == [2, 3, 1, 1]

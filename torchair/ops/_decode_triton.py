@@ -37,6 +37,7 @@ import math
 import torch
 
 from torchair.ops._decode import register_decode_kernel
+from torchair.ops._triton_utils import interpreted, next_pow2
 
 try:  # Triton is optional: without it the CUDA decode falls back to the reference.
     import triton
@@ -57,10 +58,6 @@ _MIN_CHUNKS_PER_SPLIT = 2  # at full length every split walks >= 2 BLOCK_N chunk
 _CPU_SM_COUNT = 4      # stand-in "SM count" for the interpreter (keeps splits > 1 in tests)
 
 
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
-
-
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -74,15 +71,15 @@ def choose_launch(batch: int, nkv: int, group: int, seq: int, dim: int, sm_count
     ``num_splits`` targets ``_PROGRAMS_PER_SM * sm_count`` programs in kernel 1, bounded so that a
     full-length sequence gives every split at least ``_MIN_CHUNKS_PER_SPLIT`` chunks.
     """
-    block_d = max(_MIN_DOT, _next_pow2(dim))
-    block_g = max(_MIN_DOT, _next_pow2(group))
+    block_d = max(_MIN_DOT, next_pow2(dim))
+    block_g = max(_MIN_DOT, next_pow2(group))
     if block_d <= 64:
         block_n = 128
     elif block_d <= 128:
         block_n = 64
     else:
         block_n = 32
-    block_n = max(_MIN_DOT, min(block_n, _next_pow2(max(seq, 1))))
+    block_n = max(_MIN_DOT, min(block_n, next_pow2(max(seq, 1))))
     chunks = max(1, math.ceil(seq / block_n))
     target = _PROGRAMS_PER_SM * sm_count
     splits = math.ceil(target / max(1, batch * nkv))
@@ -289,14 +286,6 @@ if HAS_TRITON:
     _merge_splits_kernel = triton.jit(_merge_splits_kernel)
 
 
-def interpreted() -> bool:
-    """Whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import time)."""
-    if not HAS_TRITON:
-        return False
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(_split_kv_kernel, InterpretedFunction)
-
-
 def _per_channel(t: torch.Tensor | None, nkv: int, dim: int) -> torch.Tensor | None:
     if t is None:
         return None
@@ -342,7 +331,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         device.index if device.index is not None else torch.cuda.current_device())
     cfg = choose_launch(batch, nkv, group, seq, dim, sms)
     if block_n is not None:
-        cfg["BLOCK_N"] = max(_MIN_DOT, _next_pow2(block_n))
+        cfg["BLOCK_N"] = max(_MIN_DOT, next_pow2(block_n))
     splits = int(num_splits) if num_splits is not None else cfg["num_splits"]
     splits = max(1, splits)
     block_d, block_g = cfg["BLOCK_D"], cfg["BLOCK_G"]
@@ -396,7 +385,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         m_part, l_part, acc_part, out,
         out.stride(0), out.stride(1), out.stride(2),
         m_part.stride(0), m_part.stride(1), m_part.stride(2),
-        HEAD_DIM=dim, NUM_SPLITS=splits, BLOCK_S=max(2, _next_pow2(splits)), BLOCK_D=block_d,
+        HEAD_DIM=dim, NUM_SPLITS=splits, BLOCK_S=max(2, next_pow2(splits)), BLOCK_D=block_d,
         **({} if interpret else {"num_warps": 4}))
     return out
 

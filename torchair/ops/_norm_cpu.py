@@ -27,7 +27,7 @@ import threading
 import torch
 
 __all__ = ["CHUNK_ROWS", "add_rms_norm_cpu", "add_rms_norm_dynamic_quant_cpu", "chunk_rows",
-           "dynamic_quant_cpu", "expert_of_rows", "rms_norm_cpu"]
+           "dynamic_quant_cpu", "expert_of_rows", "rms_norm_cpu", "rstd_shape"]
 
 CHUNK_ROWS: int | None = None
 # float32 bytes of one chunk buffer. Each op of a chunk is split over the cores, so a core holds
@@ -45,6 +45,13 @@ def chunk_rows(width: int) -> int:
     if CHUNK_ROWS is not None:
         return max(1, int(CHUNK_ROWS))
     return max(1, _CHUNK_BYTES // max(1, 4 * width))
+
+
+def rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list:
+    """``x.shape[:-k] + (1,) * k`` with ``k = gamma.dim()`` (symbolic sizes stay symbolic): the
+    shape of ``rstd`` of the RMS-norm family (re-exported by :mod:`torchair.ops.rms_norm`)."""
+    k = gamma.dim()
+    return list(x.shape[:x.dim() - k]) + [1] * k
 
 
 def _as_rows(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -118,7 +125,7 @@ def rms_norm_cpu(x: torch.Tensor, gamma: torch.Tensor, epsilon: float
         else:
             _normalize(b.copy_(xc), b, g, epsilon, rc, t)
             yc.copy_(b)
-    return y.view(x.shape), rstd.view(_rstd_shape(x, gamma))
+    return y.view(x.shape), rstd.view(rstd_shape(x, gamma))
 
 
 def add_rms_norm_cpu(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, epsilon: float, *,
@@ -145,13 +152,8 @@ def add_rms_norm_cpu(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor, ep
             yc.copy_(b)
         if yfc is not None:
             yfc.copy_(yc)
-    out = (y.view(x1.shape), rstd.view(_rstd_shape(x1, gamma)), x_out.view(x1.shape))
+    out = (y.view(x1.shape), rstd.view(rstd_shape(x1, gamma)), x_out.view(x1.shape))
     return out + (y_f32.view(x1.shape),) if want_f32 else out
-
-
-def _rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list[int]:
-    k = gamma.dim()
-    return list(x.shape[:x.dim() - k]) + [1] * k
 
 
 # ---------------------------------------------------------------- dynamic quant ------------------

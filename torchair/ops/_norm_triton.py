@@ -16,7 +16,7 @@ block (``MAX_WIDTH`` elements), else their references.
 A program holds its whole row (``BLOCK = next_pow2(n)``) in registers: the row is read once and
 every output written once; no host reads of tensor values (CUDA-graph capturable). Float32 math
 uses correctly rounded division and square root (``div_rn`` / ``sqrt_rn``) like the references;
-round half to even is ``(v + 1.5 * 2**23) - 1.5 * 2**23`` (exact for ``|v| < 2**22``).
+round half to even is the shared :func:`torchair.ops._triton_utils.rint` (exact for every float32).
 
 With ``TRITON_INTERPRET=1`` set before triton is imported the kernels run in Triton's interpreter
 on CPU tensors (tests, tiny shapes); numpy has no bfloat16, so bfloat16 is tested on GPUs only.
@@ -24,6 +24,9 @@ on CPU tensors (tests, tiny shapes); numpy has no bfloat16, so bfloat16 is teste
 from __future__ import annotations
 
 import torch
+
+from torchair.ops._norm_cpu import rstd_shape
+from torchair.ops._triton_utils import interpreted, next_pow2, rint
 
 try:  # Triton is optional: without it the CUDA ops fall back to their references.
     import triton
@@ -35,15 +38,9 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     HAS_TRITON = False
 
 __all__ = ["HAS_TRITON", "MAX_WIDTH", "add_rms_norm_dynamic_quant_triton", "add_rms_norm_triton",
-           "dynamic_quant_triton", "interpreted", "rms_norm_triton"]
+           "dynamic_quant_triton", "group_index_on", "interpreted", "rms_norm_triton"]
 
 MAX_WIDTH = 65536  # elements of one row held by one program
-_ROUND_MAGIC = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds to an integer, ties even
-_INT8_MAX = 127.0
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
 
 
 def _num_warps(block: int) -> int:
@@ -82,7 +79,7 @@ def _quantize_store(v, Y, Scale, row, base, offs, ok):
     scale = tl.math.div_rn(amax, 127.0)
     safe = tl.where(scale > 0, scale, 1.0)
     q = tl.math.div_rn(v, safe)
-    q = (q + 12582912.0) - 12582912.0  # round half to even; |q| <= 127 (1 + 2 eps)
+    q = rint(q)  # round half to even; |q| <= 127 (1 + 2 eps): no clamp needed
     tl.store(Y + base + offs, q.to(tl.int8), mask=ok)
     tl.store(Scale + row, scale)
 
@@ -155,14 +152,6 @@ if HAS_TRITON:
     _quant_kernel = triton.jit(_quant_kernel)
 
 
-def interpreted() -> bool:
-    """Whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import time)."""
-    if not HAS_TRITON:
-        return False
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(_rms_norm_kernel, InterpretedFunction)
-
-
 def _launch_options(x: torch.Tensor, block: int) -> dict:
     if not HAS_TRITON:
         raise RuntimeError("the Triton norm kernels need the 'triton' package; install triton "
@@ -195,7 +184,7 @@ def add_rms_norm_triton(x1: torch.Tensor, x2: torch.Tensor, gamma: torch.Tensor,
 
 def _rms_norm_family(x1, x2, gamma, epsilon, *, want_f32):
     n = gamma.numel()
-    block = max(16, _next_pow2(n))
+    block = max(16, next_pow2(n))
     opts = _launch_options(x1, block)
     x1c = x1.contiguous()
     x2c = x2.contiguous() if x2 is not None else x1c
@@ -203,9 +192,7 @@ def _rms_norm_family(x1, x2, gamma, epsilon, *, want_f32):
     y = torch.empty_like(x1c)
     x_out = torch.empty_like(x1c) if x2 is not None else None
     y_f32 = torch.empty(x1c.shape, dtype=torch.float32, device=x1.device) if want_f32 else None
-    k = gamma.dim()
-    rstd = torch.empty(list(x1.shape[:x1.dim() - k]) + [1] * k, dtype=torch.float32,
-                       device=x1.device)
+    rstd = torch.empty(rstd_shape(x1, gamma), dtype=torch.float32, device=x1.device)
     if rows:
         _rms_norm_kernel[(rows,)](
             x1c, x2c, _float_row(gamma, n), y, y_f32 if want_f32 else y, rstd,
@@ -214,11 +201,22 @@ def _rms_norm_family(x1, x2, gamma, epsilon, *, want_f32):
     return y, rstd, x_out, y_f32
 
 
+def group_index_on(group_index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``group_index`` contiguous on ``device`` (the kernel reads it there).
+
+    A ``group_index`` on another device (typically a CPU tensor of cumulative row ends with a
+    CUDA input) is copied to ``device`` (a small host-to-device copy; keep it on the input's
+    device to stay CUDA-graph capturable), as the CPU kernel and the reference accept one on any
+    device. Handing Triton the CPU pointer instead would fault or read garbage.
+    """
+    return group_index.to(device).contiguous()
+
+
 def dynamic_quant_triton(x: torch.Tensor, smooth_scales: torch.Tensor | None,
                          group_index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``npu_dynamic_quant`` (int8) with the Triton kernel: ``(y, scale)``."""
     n = x.shape[-1]
-    block = max(16, _next_pow2(n))
+    block = max(16, next_pow2(n))
     opts = _launch_options(x, block)
     xc = x.contiguous()
     rows = xc.numel() // n
@@ -226,14 +224,14 @@ def dynamic_quant_triton(x: torch.Tensor, smooth_scales: torch.Tensor | None,
     scale = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     smooth = smooth_scales.contiguous() if smooth_scales is not None else None
     experts = group_index.shape[0] if group_index is not None else 1
-    gidx = group_index.contiguous() if group_index is not None else scale
+    gidx = group_index_on(group_index, x.device) if group_index is not None else scale
     if rows:
         _quant_kernel[(rows,)](
             xc, xc, xc, xc, smooth if smooth is not None else xc, xc, gidx, y, y, xc, scale,
             scale, n, experts, 0.0,
             NORM=False, HAS_BETA=False, HAS_S1=smooth is not None, HAS_S2=False,
             GROUPED=group_index is not None, WANT1=True, WANT2=False, BLOCK=block,
-            BLOCK_E=max(2, _next_pow2(experts)), **opts)
+            BLOCK_E=max(2, next_pow2(experts)), **opts)
     return y, scale
 
 
@@ -245,7 +243,7 @@ def add_rms_norm_dynamic_quant_triton(x1: torch.Tensor, x2: torch.Tensor, gamma:
     """``npu_add_rms_norm_dynamic_quant`` with the Triton kernel: ``(y1, y2, x_out, scale1,
     scale2)``; a quantization not wanted gives empty ``[0]`` outputs."""
     n = x1.shape[-1]
-    block = max(16, _next_pow2(n))
+    block = max(16, next_pow2(n))
     opts = _launch_options(x1, block)
     x1c, x2c = x1.contiguous(), x2.contiguous()
     rows = x1c.numel() // n

@@ -9,8 +9,9 @@ tie; the tests bound how often).
 
 * quant matmul: ``torch._int_mm`` (int8 x int8 -> int32, exact: ``|acc| <= K * 2**14 < 2**31``
   for ``K <= 65535``; oneDNN/VNNI on x86) on the batch-flattened ``[B * M, K] @ [K, N]`` when x2
-  has no batch of its own, else one ``_int_mm`` per broadcast batch; then the epilogue in row
-  chunks of ~``_EPILOGUE_BYTES`` float32 (cache-resident), in place into one reused buffer.
+  has no batch of its own, else one ``_int_mm`` per broadcast batch; then the epilogue (an int32
+  bias added in int32, wrapping around like the reference's ``wrap_int32``) in row chunks of
+  ~``_EPILOGUE_BYTES`` float32 (cache-resident), in place into one reused buffer.
 * dequant swiglu quant: row chunks of ~``_SWIGLU_BYTES`` float32 ``[rows, 2H]`` (4 MiB: the
   chunk's ~8 MiB working set stays in L3 across its ~10 elementwise passes; 512 KiB chunks
   measured 1.5-2x slower on a 2-core EPYC, the per-chunk op overhead dominating) converted into
@@ -89,7 +90,7 @@ def quant_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor, plan: QuantMatmulPlan) 
         a = acc[r0:r1]
         rows = torch.arange(r0, r1) if (pertoken is not None or batched_bias
                                         or batched_fbias) else None
-        if int_bias is not None:
+        if int_bias is not None:  # int32 + int32 in place: two's-complement wrap-around
             a.add_(int_bias[rows // m] if batched_bias else int_bias)
         v = buf[:(r1 - r0) * n].view(r1 - r0, n)
         torch.mul(a, plan.scale, out=v)  # float32(acc) * scale in one pass

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from torchair.ops._triton_utils import interpreted, next_pow2
+from torchair.ops._triton_utils import rint as _rint
+
 try:  # Triton is optional: without it CUDA tensors fall back to the reference kernels.
     import triton
     import triton.language as tl
@@ -38,26 +41,16 @@ if TYPE_CHECKING:
     from torchair.ops.dequant_swiglu_quant import SwigluQuantPlan
     from torchair.ops.quant_matmul import QuantMatmulPlan
 
-__all__ = ["HAS_TRITON", "dequant_swiglu_quant_triton", "interpreted", "quant_matmul_triton"]
+__all__ = ["HAS_TRITON", "check_matmul_blocks", "dequant_swiglu_quant_triton", "interpreted",
+           "quant_matmul_triton"]
 
-_MIN_DOT = 16
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
+_MIN_DOT = 16  # every tl.dot tile dimension is >= 16 ...
+_MIN_DOT_K_INT8 = 32  # ... and K >= 32 for 8-bit operands (Triton's min_dot_size on NVIDIA)
 
 
 # ----------------------------------------------------------------------------------------------
 # Kernels: plain functions, jitted below when Triton is importable.
 # ----------------------------------------------------------------------------------------------
-
-def _rint(v):
-    """Round half to even, portable (compiled and interpreted): exact for every float32."""
-    f = tl.floor(v)
-    d = v - f
-    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
-    return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
-
 
 def _quant_matmul_kernel(
         A, B, C, Scale, Offset, Pertoken, IBias, FBias,
@@ -75,14 +68,15 @@ def _quant_matmul_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    a_ptr = A + bat * stride_ab + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    rows = offs_m.to(tl.int64)  # row offsets in int64: M * K or M * N may exceed 2**31
+    a_ptr = A + bat * stride_ab + rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptr = B + bat * stride_bb + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + offs_k) < K
         a = tl.load(a_ptr, mask=m_ok[:, None] & k_ok[None, :], other=0)
         b = tl.load(b_ptr, mask=k_ok[:, None] & n_ok[None, :], other=0)
-        acc += tl.dot(a, b)  # int8 x int8 -> int32, exact
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)  # int8 x int8 -> int32, exact
         a_ptr += BLOCK_K * stride_ak
         b_ptr += BLOCK_K * stride_bk
 
@@ -97,7 +91,7 @@ def _quant_matmul_kernel(
         v = v * tl.load(Pertoken + offs_m, mask=m_ok, other=0.0)[:, None]
     if HAS_FBIAS:
         v = v + tl.load(FBias + bat * stride_biasb + offs_n, mask=n_ok, other=0.0)[None, :]
-    c_ptr = C + bat * stride_cb + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_ptr = C + bat * stride_cb + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
     c_ok = m_ok[:, None] & n_ok[None, :]
     if OUT_INT8:
         if HAS_OFFSET:
@@ -205,18 +199,9 @@ def _swiglu_quant_kernel(
 
 
 if HAS_TRITON:
-    _rint = triton.jit(_rint)
     _quant_matmul_kernel = triton.jit(_quant_matmul_kernel)
     _swiglu_chunk = triton.jit(_swiglu_chunk)
     _swiglu_quant_kernel = triton.jit(_swiglu_quant_kernel)
-
-
-def interpreted() -> bool:
-    """Whether the kernels run in Triton's interpreter (TRITON_INTERPRET=1 at import time)."""
-    if not HAS_TRITON:
-        return False
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(_quant_matmul_kernel, InterpretedFunction)
 
 
 def _check_device(device: torch.device, what: str) -> bool:
@@ -230,17 +215,37 @@ def _check_device(device: torch.device, what: str) -> bool:
 
 
 def _matmul_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int]:
-    block_m = max(_MIN_DOT, min(128, _next_pow2(m)))
-    block_n = max(_MIN_DOT, min(128, _next_pow2(n)))
-    block_k = max(32, min(128, _next_pow2(k)))
+    block_m = max(_MIN_DOT, min(128, next_pow2(m)))
+    block_n = max(_MIN_DOT, min(128, next_pow2(n)))
+    block_k = max(_MIN_DOT_K_INT8, min(128, next_pow2(k)))
     warps = 8 if block_m * block_n >= 128 * 128 else 4
     return block_m, block_n, block_k, warps
+
+
+def check_matmul_blocks(blocks) -> tuple[int, int, int]:
+    """Validate a ``blocks=`` override ``(BLOCK_M, BLOCK_N, BLOCK_K)``: powers of two with
+    ``BLOCK_M, BLOCK_N >= 16`` and ``BLOCK_K >= 32`` (an int8 ``tl.dot`` needs K >= 32 on NVIDIA
+    GPUs; Triton's ``min_dot_size`` is (1, 1, 32) for 8-bit operands)."""
+    rule = (f"blocks must be three powers of two (BLOCK_M, BLOCK_N, BLOCK_K) with BLOCK_M >= "
+            f"{_MIN_DOT}, BLOCK_N >= {_MIN_DOT} and BLOCK_K >= {_MIN_DOT_K_INT8} (an int8 tl.dot "
+            f"needs K >= {_MIN_DOT_K_INT8} on NVIDIA GPUs)")
+    try:
+        bm, bn, bk = (int(b) for b in blocks)
+    except (TypeError, ValueError):
+        raise ValueError(f"quant_matmul_triton: {rule}; got blocks={blocks!r}") from None
+    mins = (_MIN_DOT, _MIN_DOT, _MIN_DOT_K_INT8)
+    if any(b < lo or b & (b - 1) for b, lo in zip((bm, bn, bk), mins)):
+        raise ValueError(f"quant_matmul_triton: {rule}; got blocks={tuple(blocks)!r}")
+    return bm, bn, bk
 
 
 def quant_matmul_triton(x1: torch.Tensor, x2: torch.Tensor, plan: QuantMatmulPlan,
                         blocks: tuple[int, int, int] | None = None) -> torch.Tensor:
     """``npu_quant_matmul`` with the Triton kernel (``blocks``: (BLOCK_M, BLOCK_N, BLOCK_K),
-    each a power of two >= 16, overrides the heuristic; tests)."""
+    powers of two with BLOCK_M, BLOCK_N >= 16 and BLOCK_K >= 32 (:func:`check_matmul_blocks`),
+    overrides the heuristic; tests)."""
+    if blocks is not None:
+        blocks = check_matmul_blocks(blocks)
     interpret = _check_device(x1.device, "quant_matmul_triton")
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
     m, k = x1.shape[-2:]
@@ -294,7 +299,7 @@ def dequant_swiglu_quant_triton(plan: SwigluQuantPlan, block_h: int | None = Non
         return y, scale
     if x.stride(1) != 1:
         x = x.contiguous()
-    block = block_h if block_h is not None else max(16, min(2048, _next_pow2(h)))
+    block = block_h if block_h is not None else max(16, min(2048, next_pow2(h)))
 
     def prep(t, dtype=torch.float32):
         return t.to(dev, dtype).contiguous() if t is not None else scale

@@ -46,8 +46,8 @@ import torch
 from torchair.ops import _quant_cpu, _quant_triton
 from torchair.ops._registry import define_op
 
-__all__ = ["SwigluQuantPlan", "dequant_swiglu_quant_reference", "npu_dequant_swiglu_quant",
-           "prepare_dequant_swiglu_quant"]
+__all__ = ["SwigluQuantPlan", "check_dequant_swiglu_quant", "dequant_swiglu_quant_reference",
+           "npu_dequant_swiglu_quant", "prepare_dequant_swiglu_quant"]
 
 _OP = "npu_dequant_swiglu_quant"
 _SCHEMA = (
@@ -95,11 +95,10 @@ def _check_x(x: torch.Tensor) -> None:
                          f"non-zero last dimension; got shape {tuple(x.shape)}")
 
 
-def _float_param(name: str, t: torch.Tensor, dtypes) -> torch.Tensor:
+def _check_dtype(name: str, t: torch.Tensor, dtypes) -> None:
     if t.dtype not in dtypes:
         raise TypeError(f"{_OP}: {name} has dtype {t.dtype}; expected one of "
                         f"{[str(d) for d in dtypes]}")
-    return t.float()
 
 
 def _rows_of(name: str, t: torch.Tensor, groups: int, width: int, allow_one: bool
@@ -120,10 +119,12 @@ def _rows_of(name: str, t: torch.Tensor, groups: int, width: int, allow_one: boo
     raise ValueError(f"{_OP}: {name} must have shape {expected}; got {shape}")
 
 
-def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bias=None,
-                                 quant_scale=None, quant_offset=None, group_index=None,
-                                 activate_left=False, quant_mode=0) -> SwigluQuantPlan:
-    """Validate the arguments of ``npu_dequant_swiglu_quant`` and return the canonical plan."""
+def check_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bias=None,
+                               quant_scale=None, quant_offset=None, group_index=None,
+                               activate_left=False, quant_mode=0) -> None:
+    """Every argument check of ``npu_dequant_swiglu_quant`` (dtypes and shapes, never tensor
+    values): the one validation shared by the fake kernel and
+    :func:`prepare_dequant_swiglu_quant`, so the two cannot drift."""
     _check_x(x)
     if quant_mode not in (0, 1):
         raise ValueError(f"{_OP}: quant_mode={quant_mode!r}; expected 0 (static) or 1 (dynamic)")
@@ -131,14 +132,13 @@ def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None,
     width = x.shape[-1]
     h = width // 2
     lead = tuple(x.shape[:-1])
-    x2d = x.reshape(-1, width)
-    tokens = x2d.shape[0]
-    groups, row_group = 1, None
+    groups = 1
     if group_index is not None:
         if group_index.dtype not in (torch.int64, torch.int32) or group_index.dim() != 1 \
                 or group_index.numel() == 0:
-            raise ValueError(f"{_OP}: group_index must be a non-empty 1-D int64 tensor of token "
-                             f"counts; got {group_index.dtype} {tuple(group_index.shape)}")
+            raise ValueError(f"{_OP}: group_index must be a non-empty 1-D int32 or int64 tensor "
+                             f"of token counts; got {group_index.dtype} "
+                             f"{tuple(group_index.shape)}")
         if x.dim() != 2:
             raise ValueError(f"{_OP}: with group_index, x must be 2-D [T, 2H]; got "
                              f"{tuple(x.shape)}")
@@ -150,9 +150,6 @@ def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None,
             raise ValueError(f"{_OP}: group_index needs quant_mode=1 (dynamic); got "
                              f"quant_mode={quant_mode}")
         groups = group_index.numel()
-        ends = torch.cumsum(group_index.long().clamp_min(0), 0)
-        positions = torch.arange(tokens, device=x.device)
-        row_group = torch.searchsorted(ends, positions, right=True)  # == groups: past the end
     if x.dtype != torch.int32:
         for name, value in (("weight_scale", weight_scale), ("activation_scale", activation_scale),
                             ("bias", bias)):
@@ -162,22 +159,59 @@ def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None,
     elif weight_scale is None:
         raise ValueError(f"{_OP}: x is int32, so weight_scale (float32 [2H] = [{width}], or "
                          f"[G, 2H] with group_index) is required to dequantize it")
-    ws = None
     if weight_scale is not None:
-        ws = _rows_of("weight_scale", _float_param("weight_scale", weight_scale,
-                                                   (torch.float32,)), groups, width, False)
-    act = None
+        _check_dtype("weight_scale", weight_scale, (torch.float32,))
+        _rows_of("weight_scale", weight_scale, groups, width, False)
     if activation_scale is not None:
-        act = _float_param("activation_scale", activation_scale, (torch.float32,))
-        if tuple(act.shape) not in (lead, lead + (1,)):
+        _check_dtype("activation_scale", activation_scale, (torch.float32,))
+        if tuple(activation_scale.shape) not in (lead, lead + (1,)):
             raise ValueError(f"{_OP}: activation_scale must have shape {lead} or {lead + (1,)} "
-                             f"(one value per token); got {tuple(act.shape)}")
-        act = act.reshape(tokens)
-    int_bias = float_bias = None
+                             f"(one value per token); got {tuple(activation_scale.shape)}")
     if bias is not None:
         if bias.dtype not in _BIAS_DTYPES:
             raise TypeError(f"{_OP}: bias has dtype {bias.dtype}; expected one of "
                             f"{[str(d) for d in _BIAS_DTYPES]}")
+        _rows_of("bias", bias, 1, width, False)
+    if quant_scale is not None:
+        _check_dtype("quant_scale", quant_scale, _QUANT_DTYPES)
+        _rows_of("quant_scale", quant_scale, groups, h, True)
+    if quant_offset is not None:
+        if dynamic:
+            raise ValueError(f"{_OP}: quant_offset is only used by static quantization "
+                             "(quant_mode=0); drop it with quant_mode=1")
+        _check_dtype("quant_offset", quant_offset, _QUANT_DTYPES)
+        _rows_of("quant_offset", quant_offset, 1, h, True)
+
+
+def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bias=None,
+                                 quant_scale=None, quant_offset=None, group_index=None,
+                                 activate_left=False, quant_mode=0) -> SwigluQuantPlan:
+    """Validate the arguments of ``npu_dequant_swiglu_quant`` (:func:`check_dequant_swiglu_quant`)
+    and return the canonical plan."""
+    check_dequant_swiglu_quant(
+        x, weight_scale=weight_scale, activation_scale=activation_scale, bias=bias,
+        quant_scale=quant_scale, quant_offset=quant_offset, group_index=group_index,
+        activate_left=activate_left, quant_mode=quant_mode)
+    dynamic = quant_mode == 1
+    width = x.shape[-1]
+    h = width // 2
+    lead = tuple(x.shape[:-1])
+    x2d = x.reshape(-1, width)
+    tokens = x2d.shape[0]
+    groups, row_group = 1, None
+    if group_index is not None:
+        groups = group_index.numel()
+        ends = torch.cumsum(group_index.long().clamp_min(0), 0)
+        positions = torch.arange(tokens, device=x.device)
+        row_group = torch.searchsorted(ends, positions, right=True)  # == groups: past the end
+    ws = None
+    if weight_scale is not None:
+        ws = _rows_of("weight_scale", weight_scale.float(), groups, width, False)
+    act = None
+    if activation_scale is not None:
+        act = activation_scale.float().reshape(tokens)
+    int_bias = float_bias = None
+    if bias is not None:
         bias = _rows_of("bias", bias, 1, width, False)[0]
         if bias.dtype == torch.int32:
             int_bias = bias
@@ -185,16 +219,11 @@ def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None,
             float_bias = bias.float()
     qs = qo = None
     if quant_scale is not None:
-        qs = _rows_of("quant_scale", _float_param("quant_scale", quant_scale, _QUANT_DTYPES),
-                      groups, h, True)
+        qs = _rows_of("quant_scale", quant_scale.float(), groups, h, True)
         if not dynamic and qs.shape[1] == 1:  # one static scale: 0 counts as 1 (as on Ascend)
             qs = torch.where(qs == 0, 1.0, qs)
     if quant_offset is not None:
-        if dynamic:
-            raise ValueError(f"{_OP}: quant_offset is only used by static quantization "
-                             "(quant_mode=0); drop it with quant_mode=1")
-        qo = _rows_of("quant_offset", _float_param("quant_offset", quant_offset, _QUANT_DTYPES),
-                      1, h, True)
+        qo = _rows_of("quant_offset", quant_offset.float(), 1, h, True)
     return SwigluQuantPlan(x2d, lead, dynamic, bool(activate_left), groups, ws, act, int_bias,
                            float_bias, qs, qo, row_group)
 
@@ -269,7 +298,7 @@ def dequant_swiglu_quant_reference(
     quant_offset
         static only: one value or ``[H]``, added after the division.
     group_index
-        int64 ``[G]``: token counts of consecutive groups (count mode); needs quant_mode=1.
+        int32 / int64 ``[G]``: token counts of consecutive groups (count mode); needs quant_mode=1.
     activate_left
         True: silu of the left half times the right half; False: silu of the right half.
     quant_mode
@@ -302,11 +331,12 @@ def _eager(x, *, weight_scale=None, activation_scale=None, bias=None, quant_scal
 
 def _fake(x, *, weight_scale=None, activation_scale=None, bias=None, quant_scale=None,
           quant_offset=None, group_index=None, activate_left=False, quant_mode=0):
-    """``(int8 [..., H], float32 [...])``; dtype checks only, no guards on symbolic sizes."""
-    if x.dtype not in _X_DTYPES:
-        _check_x(x)
-    if quant_mode not in (0, 1):
-        raise ValueError(f"{_OP}: quant_mode={quant_mode!r}; expected 0 (static) or 1 (dynamic)")
+    """``(int8 [..., H], float32 [...])``; the same checks as the eager kernel
+    (:func:`check_dequant_swiglu_quant`: dtypes and shapes, never values)."""
+    check_dequant_swiglu_quant(
+        x, weight_scale=weight_scale, activation_scale=activation_scale, bias=bias,
+        quant_scale=quant_scale, quant_offset=quant_offset, group_index=group_index,
+        activate_left=activate_left, quant_mode=quant_mode)
     lead = x.shape[:-1]
     y = x.new_empty((*lead, x.shape[-1] // 2), dtype=torch.int8)
     return y, x.new_empty(lead, dtype=torch.float32)

@@ -3,7 +3,7 @@
 With ``acc = x1 @ x2`` accumulated exactly in int32 (batch dimensions broadcast), per output
 element ``[..., m, n]`` and in float32::
 
-    a  = acc + bias[n]                          (int32 bias; added to the accumulator)
+    a  = wrap_int32(acc + bias[n])              (int32 bias; added to the int32 accumulator)
     v  = float32(a) * scale[n]                  (scale: one value or one per column n)
     v  = v * pertoken_scale[m]                  (optional; float16 / bfloat16 output only)
     v  = v + float32(bias[n])                   (float bias: float32 / float16 / bfloat16)
@@ -15,6 +15,12 @@ before ``scale`` (``(x1 @ x2 + bias) * scale + offset``), a float bias after it
 (``x1 @ x2 * scale [* pertoken_scale] + bias``), and ``offset`` exists only for int8 output. The
 documents do not name the rounding of the int8 requantization; round half to even is used (the
 rounding of Ascend's float -> int8 casts, ``CAST_RINT``).
+
+The int32 bias is added to the int32 accumulator with two's-complement wrap-around
+(``wrap_int32(v) = (v + 2**31) mod 2**32 - 2**31``), as an int32 hardware accumulator does:
+``|x1 @ x2| <= K * 2**14 < 2**30`` never overflows by itself (``K <= 65535``), so only a bias
+within ``K * 2**14`` of the int32 limits can wrap. Every kernel (reference, CPU, Triton) gives the
+same wrapped result; no kernel reads tensor values to detect it.
 
 An int64 ``scale`` is the output of ``torch_npu.npu_trans_quant_param`` and is decoded: its low
 32 bits are the float32 bit pattern of the scale (truncated to its 19 high bits by that call) and
@@ -48,8 +54,8 @@ import torch
 from torchair.ops import _quant_cpu, _quant_triton
 from torchair.ops._registry import define_op
 
-__all__ = ["QuantMatmulPlan", "npu_quant_matmul", "prepare_quant_matmul",
-           "quant_matmul_epilogue_reference", "quant_matmul_reference"]
+__all__ = ["QuantMatmulPlan", "check_quant_matmul", "npu_quant_matmul", "prepare_quant_matmul",
+           "quant_matmul_epilogue_reference", "quant_matmul_reference", "wrap_int32"]
 
 _OP = "npu_quant_matmul"
 _SCHEMA = (
@@ -147,9 +153,11 @@ def decode_int64_scale(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return value, off.to(torch.float32).reshape(scale.shape)
 
 
-def prepare_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
-                         output_dtype=None, **extras) -> QuantMatmulPlan:
-    """Validate the arguments of ``npu_quant_matmul`` and return the canonical epilogue."""
+def check_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
+                       output_dtype=None, **extras) -> tuple[torch.dtype, torch.Size]:
+    """Every argument check of ``npu_quant_matmul`` (dtypes and shapes, never tensor values):
+    the one validation shared by the fake kernel and :func:`prepare_quant_matmul`, so the two
+    cannot drift. Returns ``(output dtype, broadcast batch shape)``."""
     _check_unsupported(extras)
     _check_inputs(x1, x2)
     m, k = x1.shape[-2], x1.shape[-1]
@@ -176,32 +184,24 @@ def prepare_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bia
         raise TypeError(f"{_OP}: scale has dtype {scale.dtype}; with output_dtype {out_dtype}"
                         f"{' and pertoken_scale' if with_pertoken else ''} it must be one of "
                         f"{sorted(map(str, scale_dtypes))}")
-    scale = _per_column("scale", scale, n)
-    packed_offset = None
-    if scale.dtype == torch.int64:
-        scale, packed_offset = decode_int64_scale(scale)
-        if offset is not None:
-            raise ValueError(f"{_OP}: offset was given with an int64 scale; pass the offset "
-                             "either packed by npu_trans_quant_param(scale, offset) or as a "
-                             "float32 offset with a float32 scale, not both")
-    scale = scale.float()
+    _per_column("scale", scale, n)
+    if scale.dtype == torch.int64 and offset is not None:
+        raise ValueError(f"{_OP}: offset was given with an int64 scale; pass the offset "
+                         "either packed by npu_trans_quant_param(scale, offset) or as a "
+                         "float32 offset with a float32 scale, not both")
     if offset is not None:
         if out_dtype != torch.int8:
             raise ValueError(f"{_OP}: offset is only supported with int8 output; got "
                              f"output_dtype {out_dtype}. Drop offset or use int8 output")
         if offset.dtype != torch.float32:
             raise TypeError(f"{_OP}: offset must be float32; got {offset.dtype}")
-        offset = _per_column("offset", offset, n)
-    elif packed_offset is not None and out_dtype == torch.int8:
-        offset = packed_offset
+        _per_column("offset", offset, n)
     if with_pertoken:
         if pertoken_scale.dtype != torch.float32:
             raise TypeError(f"{_OP}: pertoken_scale must be float32; got {pertoken_scale.dtype}")
         if tuple(pertoken_scale.shape) not in ((m,), (m, 1)):
             raise ValueError(f"{_OP}: pertoken_scale must have shape (M,) with M = "
                              f"x1.shape[-2] = {m}; got {tuple(pertoken_scale.shape)}")
-        pertoken_scale = pertoken_scale.reshape(m)
-    int_bias = float_bias = None
     if bias is not None:
         if bias.dtype not in bias_dtypes:
             raise TypeError(f"{_OP}: bias has dtype {bias.dtype}; with output_dtype "
@@ -214,6 +214,29 @@ def prepare_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bia
             raise ValueError(f"{_OP}: bias must have shape (N,) = ({n},), or (batch, 1, N) = "
                              f"({batch[0] if batch else 'batch'}, 1, {n}) for a 3-D output; "
                              f"got {tuple(bias.shape)}")
+    return out_dtype, batch
+
+
+def prepare_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
+                         output_dtype=None, **extras) -> QuantMatmulPlan:
+    """Validate the arguments of ``npu_quant_matmul`` (:func:`check_quant_matmul`) and return
+    the canonical epilogue."""
+    out_dtype, _ = check_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale,
+                                      bias=bias, output_dtype=output_dtype, **extras)
+    n = x2.shape[-1]
+    scale = _per_column("scale", scale, n)
+    packed_offset = None
+    if scale.dtype == torch.int64:
+        scale, packed_offset = decode_int64_scale(scale)
+    scale = scale.float()
+    if offset is not None:
+        offset = _per_column("offset", offset, n)
+    elif packed_offset is not None and out_dtype == torch.int8:
+        offset = packed_offset
+    if pertoken_scale is not None:
+        pertoken_scale = pertoken_scale.reshape(x1.shape[-2])
+    int_bias = float_bias = None
+    if bias is not None:
         if bias.dtype == torch.int32:
             int_bias = bias
         else:
@@ -221,10 +244,15 @@ def prepare_quant_matmul(x1, x2, scale, *, offset=None, pertoken_scale=None, bia
     return QuantMatmulPlan(out_dtype, scale, offset, pertoken_scale, int_bias, float_bias)
 
 
+def wrap_int32(v: torch.Tensor) -> torch.Tensor:
+    """Integer ``v`` reduced to the int32 range with two's-complement wrap-around, as int64."""
+    return torch.remainder(v.to(torch.int64) + 2 ** 31, 2 ** 32) - 2 ** 31
+
+
 def quant_matmul_epilogue_reference(acc: torch.Tensor, plan: QuantMatmulPlan) -> torch.Tensor:
     """The epilogue of the module doc on an exact integer accumulator ``[..., M, N]``."""
-    if plan.int_bias is not None:
-        acc = acc + plan.int_bias.to(acc.dtype)
+    if plan.int_bias is not None:  # the int32 accumulator wraps around (module doc)
+        acc = wrap_int32(acc.to(torch.int64) + plan.int_bias.to(torch.int64))
     v = acc.to(torch.float32) * plan.scale
     if plan.pertoken is not None:
         v = v * plan.pertoken[:, None]
@@ -266,10 +294,16 @@ def quant_matmul_reference(x1: torch.Tensor, x2: torch.Tensor, scale: torch.Tens
     -------
     Tensor ``[*broadcast(batch), M, N]`` of ``output_dtype``; formula in the module doc.
     The accumulator is computed in float64, exact for ``K <= 65535`` (every partial sum is an
-    integer below ``2**31``) and supported on every device.
+    integer below ``2**31``) and supported on every device; an int32 bias is added with int32
+    wrap-around (module doc).
     """
     plan = prepare_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale,
                                 bias=bias, output_dtype=output_dtype, **extras)
+    return _reference_kernel(x1, x2, plan)
+
+
+def _reference_kernel(x1: torch.Tensor, x2: torch.Tensor, plan: QuantMatmulPlan) -> torch.Tensor:
+    """The reference computation of a validated call: exact float64 matmul, then the epilogue."""
     acc = torch.matmul(x1.double(), x2.double()).to(torch.int64)
     return quant_matmul_epilogue_reference(acc, plan)
 
@@ -286,21 +320,20 @@ def _eager(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output
         return _quant_triton.quant_matmul_triton(x1, x2, plan)
     if x1.device.type == "cpu":
         return _quant_cpu.quant_matmul_cpu(x1, x2, plan)
-    acc = torch.matmul(x1.double(), x2.double()).to(torch.int64)
-    return quant_matmul_epilogue_reference(acc, plan)
+    return _reference_kernel(x1, x2, plan)
 
 
 def _fake(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None,
           x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None,
           group_sizes=None, y_scale=None):
-    """Shape ``[*broadcast(batch), M, N]``; dtype checks only (no guards on symbolic sizes)."""
-    _check_unsupported({"x1_dtype": x1_dtype, "x2_dtype": x2_dtype,
-                        "pertoken_scale_dtype": pertoken_scale_dtype, "scale_dtype": scale_dtype,
-                        "group_sizes": group_sizes, "y_scale": y_scale})
-    _check_inputs(x1, x2)
-    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
-    return x1.new_empty((*batch, x1.shape[-2], x2.shape[-1]),
-                        dtype=output_dtype_of(output_dtype))
+    """Shape ``[*broadcast(batch), M, N]``; the same checks as the eager kernel
+    (:func:`check_quant_matmul`: dtypes and shapes, never values)."""
+    out_dtype, batch = check_quant_matmul(
+        x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale, bias=bias,
+        output_dtype=output_dtype, x1_dtype=x1_dtype, x2_dtype=x2_dtype,
+        pertoken_scale_dtype=pertoken_scale_dtype, scale_dtype=scale_dtype,
+        group_sizes=group_sizes, y_scale=y_scale)
+    return x1.new_empty((*batch, x1.shape[-2], x2.shape[-1]), dtype=out_dtype)
 
 
 npu_quant_matmul = define_op(_SCHEMA, fake=_fake, kernel=_eager)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from torchair.ops import _norm_cpu, _norm_triton
+from torchair.ops._norm_cpu import rstd_shape  # the one definition, shared with the kernels
 from torchair.ops._registry import define_op
 
 __all__ = ["add_rms_norm_cast_reference", "add_rms_norm_reference", "check_norm_args",
@@ -54,7 +55,7 @@ def check_norm_args(op: str, x: torch.Tensor, gamma: torch.Tensor, *, x_name: st
     """Check dtypes and shapes of an RMS-norm family call (shapes only, never values).
 
     ``x2`` (the second addend) must match ``x`` in shape and dtype; ``gamma`` must be the trailing
-    dims of ``x``.
+    dims of ``x`` and hold at least one element (leading dims may be empty).
     """
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{op}: {x_name} has dtype {x.dtype}; expected float16, bfloat16 or "
@@ -76,12 +77,11 @@ def check_norm_args(op: str, x: torch.Tensor, gamma: torch.Tensor, *, x_name: st
                          f"{list(x.shape)}; expected gamma.shape == {x_name}.shape[-gamma.dim():] "
                          f"(e.g. [H] for {x_name} [..., H]); pass a gamma of the normalized "
                          f"trailing dims")
-
-
-def rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list:
-    """``x.shape[:-k] + (1,) * k`` with ``k = gamma.dim()`` (symbolic sizes stay symbolic)."""
-    k = gamma.dim()
-    return list(x.shape[:x.dim() - k]) + [1] * k
+    if gamma.numel() == 0:
+        raise ValueError(f"{op}: gamma has shape {list(gamma.shape)}, so the normalized dims "
+                         f"{x_name}.shape[-{k}:] = {list(x.shape[x.dim() - k:])} hold zero "
+                         f"elements and the RMS of a row is undefined; the normalized (trailing) "
+                         f"dims of {x_name} and gamma must be non-empty")
 
 
 # ---------------------------------------------------------------- reference ----------------------
