@@ -261,3 +261,20 @@ def test_seed_example_on_cuda_captures_one_graph_per_gear():
         torch.testing.assert_close(model(a, b), a + b)
     report = torchair.graph_reports()[-1]
     assert counter.frame_count == 1 and report.launch == "one launch unit: CUDA graph replay"
+
+
+def test_other_dims_of_a_gear_tensor_are_static_under_dynamic_true():
+    """With dynamic=True a dim without gears would be symbolic (a shape-generic host build);
+    set_dim_gears fixes it so every gear is one static launch unit."""
+    counter = _backend()
+    model = torch.compile(lambda x: x * 2 + 1, backend=counter, dynamic=True, fullgraph=True)
+    x = torch.randn(2, 5)
+    set_dim_gears(x, {0: [2, 4]})
+    for b in (2, 4):
+        x = x if b == 2 else torch.randn(b, 5)
+        torch.testing.assert_close(model(x), x * 2 + 1)
+    report = torchair.graph_reports()[-1]
+    assert counter.frame_count == 1 and report.build_static
+    assert report.inputs[-1].shape == (-1, 5)
+    model(torch.randn(2, 6))  # the fixed dim is guarded: another size is another graph
+    assert counter.frame_count == 2

@@ -27,6 +27,9 @@ _ATTR = "_torchair_dim_gears"
 def set_dim_gears(tensor: torch.Tensor, dim_gears: Mapping[int, Sequence[int]]) -> None:
     """Allow ``tensor``'s dims the listed sizes only; one compile serves all of them.
 
+    The tensor's other dims are marked static (a gear is one fixed shape), also under
+    ``dynamic=True``.
+
     Parameters
     ----------
     tensor
@@ -56,8 +59,11 @@ def set_dim_gears(tensor: torch.Tensor, dim_gears: Mapping[int, Sequence[int]]) 
                          f"gears)")
     from torch._dynamo.decorators import mark_unbacked
 
-    for d in gears:
-        mark_unbacked(tensor, d)
+    for d in range(tensor.dim()):  # the other dims are fixed: each gear is one static shape
+        if d in gears:
+            mark_unbacked(tensor, d)
+        else:
+            torch._dynamo.mark_static(tensor, d)
     setattr(tensor, _ATTR, gears)
 
 

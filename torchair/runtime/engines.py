@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Sequence
 
+import torch
 import torch.fx as fx
 
 from torchair.core.utils import logger, progress
@@ -42,6 +43,9 @@ def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
         with progress(f"{what}: compiling with Inductor"):
             compiled = compile_fx(_fresh_copy(gm), list(example_inputs))
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back to the FX engine
+        restart = getattr(torch._dynamo.exc, "RestartAnalysis", ())
+        if isinstance(exc, restart) and torch._guards.TracingContext.try_get() is not None:
+            raise  # Dynamo's signal to retrace (e.g. specialize a float): let Dynamo handle it
         logger.warning("%s: Inductor could not compile the graph (%s: %s); running it with the FX "
                        "engine instead", what, type(exc).__name__, exc)
         return fx_engine(gm), "fx"
