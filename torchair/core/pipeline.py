@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from torchair.configs.compiler_config import CompilerConfig
+from torchair.core import recorder
 from torchair.core.utils import logger
 from torchair.inference.gears import GearDim, GearTable, merge_gears
 from torchair.passes import default_passes, run_passes
@@ -91,9 +92,13 @@ def _publish(report: GraphReport, unit: Callable) -> Callable:
 
 
 def _boxed(unit: Callable) -> Callable:
+    rec = recorder.last()
+
     def run(args: list) -> Sequence[Any]:
         outputs = unit(args)
         args.clear()
+        if rec is not None and rec.outputs is None:
+            rec.outputs = list(outputs)
         return outputs
 
     run._boxed_call = True  # type: ignore[attr-defined]
@@ -148,6 +153,7 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
                             notes=[f"gear {k + 1}/{len(table.gears)}: "
                                    f"{table.describe(table.gears[k])}"])
 
+    recorder.record("gears", gm, report)
     return _publish(report, GearUnit(table, build, report))
 
 
@@ -186,6 +192,9 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
                                      (len(program),), "int64", device=str(device)))
     report.dumps += _dump(gm, dump_inputs, "optimized", config, report.graph_id, notes)
     borrowed = {i.index for i in inputs if i.kind == "parameter"} | _static_input_indices()
+    recorder.record("static", gm, report, kept=kept, program=program, engine=engine,
+                    capture=capture, borrowed=borrowed, mutated={i.index for i in inputs
+                                                                 if i.mutated}, names=names)
     return units.StaticUnit(gm, kept_inputs=kept, program=program, engine=engine,
                             capture=capture, borrowed=borrowed,
                             mutated={i.index for i in inputs if i.mutated}, names=names,
@@ -200,6 +209,7 @@ def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Compil
         engine, report.engine = inductor_engine(gm, example_inputs, f"graph {report.graph_id}")
     else:
         engine, report.engine = fx_engine(gm), "fx"
+    recorder.record("host", gm, report)
     return units.HostUnit(engine)
 
 

@@ -1,6 +1,17 @@
-"""Inference features: dynamic gears (``set_dim_gears``)."""
+"""Inference features: dynamic gears (``set_dim_gears``) and the compile cache
+(``cache_compile``, ``readable_cache``)."""
 from __future__ import annotations
 
 from torchair.inference.gears import get_dim_gears, set_dim_gears
 
-__all__ = ["get_dim_gears", "set_dim_gears"]
+
+def __getattr__(name: str):
+    # cache_compile imports the backend, which imports this package: load it on first use
+    if name in ("cache_compile", "readable_cache", "CachedFunction"):
+        from torchair.inference import cache
+
+        return getattr(cache, name)
+    raise AttributeError(f"module 'torchair.inference' has no attribute {name!r}")
+
+
+__all__ = ["cache_compile", "get_dim_gears", "readable_cache", "set_dim_gears"]

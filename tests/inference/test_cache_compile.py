@@ -1,0 +1,353 @@
+"""cache_compile: warm starts without Dynamo, a complete key, safe recovery, rank directories, the
+call-signature guard, the seed's prefill/decode pattern, and its errors."""
+import importlib.util
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchair
+from torchair.core.utils import logger
+from torchair.inference import _cache_store as store
+from torchair.inference import cache_compile, readable_cache
+
+MODEL = '''
+import torch
+import torchair
+
+
+def helper(x):
+    return x * HELPER_FACTOR
+
+
+class Model(torch.nn.Module):
+    def __init__(self, cache_dir, hidden=8, config=None, **kwargs):
+        super().__init__()
+        self.l = torch.nn.Linear(hidden, hidden)
+        self.cached_prefill = torchair.inference.cache_compile(
+            self.prefill, cache_dir=cache_dir, config=config, **kwargs)
+        self.cached_decode = torchair.inference.cache_compile(
+            self.decode, cache_dir=cache_dir, config=config, **kwargs)
+
+    def forward(self, x, lengths):
+        if x.size(1) > 1:
+            return self.cached_prefill(x, lengths)
+        return self.cached_decode(x, lengths)
+
+    def prefill(self, x, lengths: list):
+        return {"y": helper(self.l(x)).relu() * lengths[0], "n": None}
+
+    def decode(self, x, lengths: list):
+        return helper(self.l(x)).sum(-1) + lengths[0], x.mean()
+'''
+
+
+def _load(tmp_path, factor=2, extra="", name=None):
+    """Import the test model from a file (the cache key hashes its source)."""
+    path = tmp_path / f"{name or 'model_src'}.py"
+    path.write_text(MODEL.replace("HELPER_FACTOR", str(factor)) + textwrap.dedent(extra))
+    spec = importlib.util.spec_from_file_location(f"cc_{name or 'model_src'}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _config():
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = True
+    return config
+
+
+@pytest.fixture
+def log():
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def _messages(records, level=logging.WARNING):
+    return [r.getMessage() for r in records if r.levelno >= level]
+
+
+@pytest.fixture
+def no_dynamo(monkeypatch):
+    """Make any entry into Dynamo fail loudly."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("Dynamo was entered on a warm start")
+
+    def arm():
+        monkeypatch.setattr(torch, "compile", refuse)
+        monkeypatch.setattr(torch._dynamo, "optimize", refuse)
+    return arm
+
+
+def _run(model, x, lengths):
+    with torch.no_grad():
+        return model(x, lengths)
+
+
+def _equal(a, b):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_equal(u, v) for u, v in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.allclose(a, b, atol=1e-6)
+    return a == b
+
+
+def _entries(cache_dir):
+    return sorted(p for p in pathlib.Path(cache_dir).rglob("meta.json"))
+
+
+def test_warm_start_runs_without_dynamo_and_matches_eager(tmp_path, no_dynamo, log):
+    src = _load(tmp_path)
+    cold = src.Model(tmp_path / "c", config=_config())
+    x, lengths = torch.randn(2, 1, 8), [5, 7]
+    first = _run(cold, x, lengths)
+    assert len(_entries(tmp_path / "c")) == 1
+    torch._dynamo.reset()
+    warm = src.Model(tmp_path / "c", config=_config())
+    warm.load_state_dict(cold.state_dict())
+    no_dynamo()
+    frames = torch._dynamo.utils.counters["frames"]["total"]
+    for step in range(5):
+        lengths = [step + 3, step + 9]
+        got = _run(warm, x, lengths)
+        with torch.no_grad():
+            want = warm.decode(x, lengths)
+        assert _equal(got, want)
+    assert _equal(first, _run(warm, x, [5, 7]))
+    assert torch._dynamo.utils.counters["frames"]["total"] == frames
+    assert any("loaded" in m and "no Dynamo trace" in m for m in _messages(log, logging.INFO))
+
+
+def test_warm_start_in_a_new_process(tmp_path):
+    _load(tmp_path, name="model_proc")
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f'''
+        import sys, torch, torchair
+        sys.path.insert(0, {str(tmp_path)!r})
+        import model_proc
+        warm = sys.argv[1] == "warm"
+        if warm:
+            def refuse(*a, **k):
+                raise SystemExit("Dynamo was entered")
+            torch.compile = refuse
+            torch._dynamo.optimize = refuse
+        torch.manual_seed(0)
+        config = torchair.CompilerConfig()
+        config.debug.run_eagerly = True
+        m = model_proc.Model({str(tmp_path / "c")!r}, config=config)
+        with torch.no_grad():
+            x = torch.randn(2, 1, 8)
+            out = m(x, [4, 6])
+            ref = m.decode(x, [4, 6])
+        assert all(torch.allclose(a, b) for a, b in zip(out, ref))
+        print("OK", torchair.graph_reports()[-1].launch)
+    '''))
+    for phase in ("cold", "warm"):
+        done = subprocess.run([sys.executable, str(script), phase], capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "OK" in done.stdout
+    assert "from cache_compile" in done.stdout
+
+
+def test_prefill_and_decode_are_two_entries(tmp_path):
+    src = _load(tmp_path)
+    model = src.Model(tmp_path / "c", config=_config())
+    prefill = _run(model, torch.randn(2, 4, 8), [3, 3])
+    decode = _run(model, torch.randn(2, 1, 8), [3, 3])
+    assert prefill["n"] is None and prefill["y"].shape == (2, 4, 8) and decode[0].shape == (2, 1)
+    names = sorted(p.parent.name for p in _entries(tmp_path / "c"))
+    assert names == ["decode", "prefill"]
+
+
+@pytest.mark.parametrize("change", ["method", "helper", "config", "structure"])
+def test_every_key_change_rebuilds(tmp_path, change, log):
+    src = _load(tmp_path)
+    _run(src.Model(tmp_path / "c", config=_config()), torch.randn(2, 1, 8), [3, 4])
+    config, hidden = _config(), 8
+    if change == "method":
+        src = _load(tmp_path, extra="""
+            def _decode(self, x, lengths: list):
+                return helper(self.l(x)).sum(-1) - lengths[0], x.mean()
+            Model.decode = _decode
+        """)
+    elif change == "helper":
+        src = _load(tmp_path, factor=3)
+    elif change == "config":
+        config.experimental_config.pattern_fusion_pass = False
+    else:
+        hidden = 16
+    torch._dynamo.reset()
+    model = src.Model(tmp_path / "c", hidden=hidden, config=config)
+    x = torch.randn(2, 1, hidden)
+    got = _run(model, x, [3, 4])
+    with torch.no_grad():
+        assert _equal(got, model.decode(x, [3, 4]))
+    loaded = [m for m in _messages(log, logging.INFO) if "loaded" in m]
+    assert not loaded, loaded
+    if change == "helper":  # same entry directory, its recorded source file changed
+        assert any("stale" in m and "model_src.py changed" in m for m in _messages(log))
+        assert len(_entries(tmp_path / "c")) == 1
+    else:
+        assert len(_entries(tmp_path / "c")) == 2
+
+
+def test_corrupted_entry_is_rebuilt(tmp_path, log):
+    src = _load(tmp_path)
+    _run(src.Model(tmp_path / "c", config=_config()), torch.randn(2, 1, 8), [3, 4])
+    graph = next(pathlib.Path(tmp_path / "c").rglob("graph.json"))
+    graph.write_bytes(graph.read_bytes()[:20])
+    torch._dynamo.reset()
+    model = src.Model(tmp_path / "c", config=_config())
+    x = torch.randn(2, 1, 8)
+    with torch.no_grad():
+        assert _equal(_run(model, x, [3, 4]), model.decode(x, [3, 4]))
+    assert any("broken cache" in m and "rebuilding" in m for m in _messages(log))
+    assert len(_entries(tmp_path / "c")) == 1
+    store.read_entry(_entries(tmp_path / "c")[0].parent)  # valid again
+
+
+def test_concurrent_cold_starts_leave_one_valid_entry(tmp_path):
+    _load(tmp_path, name="model_race")
+    script = tmp_path / "race.py"
+    script.write_text(textwrap.dedent(f'''
+        import sys, time, torch, torchair
+        sys.path.insert(0, {str(tmp_path)!r})
+        import model_race
+        config = torchair.CompilerConfig()
+        config.debug.run_eagerly = True
+        m = model_race.Model({str(tmp_path / "c")!r}, config=config)
+        while time.time() < float(sys.argv[1]):
+            time.sleep(0.001)
+        with torch.no_grad():
+            out = m(torch.randn(2, 1, 8), [4, 6])
+        print("OK")
+    '''))
+    import time
+    start = str(time.time() + 8)
+    procs = [subprocess.Popen([sys.executable, str(script), start], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and "OK" in out, err
+    entries = _entries(tmp_path / "c")
+    assert len(entries) == 1
+    store.read_entry(entries[0].parent)
+    assert not [p for p in pathlib.Path(tmp_path / "c").rglob(".tmp-*")]
+
+
+def test_symlinked_cache_dir_is_refused(tmp_path):
+    src = _load(tmp_path)
+    (tmp_path / "real").mkdir(mode=0o700)
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    model = src.Model(tmp_path / "link", config=_config())
+    with pytest.raises(store.UnsafeCacheError, match="link"):
+        _run(model, torch.randn(2, 1, 8), [3, 4])
+
+
+def test_rank_directories(tmp_path):
+    src = _load(tmp_path)
+    model = src.Model(tmp_path / "c", config=_config(), global_rank=3, tp_rank=1, pp_rank=0)
+    _run(model, torch.randn(2, 1, 8), [3, 4])
+    (entry,) = _entries(tmp_path / "c")
+    assert entry.parent.parent.name == "global_rank3_tp_rank1_pp_rank0"
+    assert entry.parent.parent.parent.name.startswith("Model_dynamic_")
+
+
+def test_default_rank_comes_from_torch_distributed(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        src = _load(tmp_path)
+        _run(src.Model(tmp_path / "c", config=_config()), torch.randn(2, 1, 8), [3, 4])
+        (entry,) = _entries(tmp_path / "c")
+        assert entry.parent.parent.name == "world1global_rank0"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_call_that_does_not_fit_is_compiled_not_replayed(tmp_path, log):
+    src = _load(tmp_path)
+    _run(src.Model(tmp_path / "c", config=_config(), dynamic=False), torch.randn(2, 1, 8),
+         [3, 4])
+    torch._dynamo.reset()
+    model = src.Model(tmp_path / "c", config=_config(), dynamic=False)
+    for x, lengths in [(torch.randn(2, 1, 8), [3, 4]), (torch.randn(3, 1, 8), [3, 4, 5]),
+                       (torch.randn(2, 1, 8).double(), [3, 4])]:
+        model.double() if x.dtype == torch.float64 else None
+        with torch.no_grad():
+            assert _equal(_run(model, x, lengths), model.decode(x, lengths))
+    warnings = [m for m in _messages(log) if "does not fit the cached graph" in m]
+    assert any("structure differs" in m for m in warnings)
+    assert any("dtype float64 vs float32" in m for m in warnings)
+
+
+def test_readable_cache(tmp_path, capsys):
+    src = _load(tmp_path)
+    _run(src.Model(tmp_path / "c", config=_config()), torch.randn(2, 1, 8), [3, 4])
+    (entry,) = _entries(tmp_path / "c")
+    text = readable_cache(entry, file=tmp_path / "out.txt")
+    printed = capsys.readouterr().out
+    assert text == printed == (tmp_path / "out.txt").read_text()
+    assert "function: Model.decode" in text and "module_structure" in text
+    assert "L['x']" in text and "code:" in text and "def forward" in text
+
+
+def test_errors(tmp_path):
+    src = _load(tmp_path)
+    with pytest.raises(TypeError, match="func must be a method of an nn.Module"):
+        cache_compile(lambda x: x)
+    model = src.Model(tmp_path / "c", config=_config())
+    with pytest.raises(TypeError, match="backend.*set by cache_compile"):
+        cache_compile(model.decode, backend="eager")
+
+    import functools
+
+    class Decorated(torch.nn.Module):
+        @functools.lru_cache(maxsize=None)
+        def f(self, x):
+            return x
+
+    with pytest.raises(TypeError, match="is decorated"):
+        cache_compile(Decorated().f)
+    with pytest.raises(RuntimeError, match="inference graphs only and gradients are enabled"):
+        model(torch.randn(2, 1, 8), [3, 4])
+
+
+def test_graph_break_and_random_ops_are_errors(tmp_path):
+    src = _load(tmp_path, extra="""
+        class Breaks(torch.nn.Module):
+            def f(self, x):
+                print("side effect")
+                return x * 2
+
+        class Random(torch.nn.Module):
+            def f(self, x):
+                return x + torch.randn_like(x)
+    """)
+    with torch.no_grad():
+        broken = cache_compile(src.Breaks().f, cache_dir=tmp_path / "c", config=_config())
+        with pytest.raises(ValueError, match="needs func to form one graph"):
+            broken(torch.randn(3))
+        rng = cache_compile(src.Random().f, cache_dir=tmp_path / "c", config=_config())
+        with pytest.raises(ValueError, match=r"random ops \['aten::randn_like'\]"):
+            rng(torch.randn(3))

@@ -1,0 +1,128 @@
+"""The key of a ``cache_compile`` entry, and where the entry lives.
+
+The entry directory's hash covers what is known before tracing: the module's class and
+structure (submodule types, parameter and buffer names, shapes, dtypes), ``func``'s source, the
+compile config, ``dynamic``, custom decompositions, the user's fusion patterns (names and
+sources), torch / Python versions, a hash of torchair's own sources (passes, patterns, kernels)
+and the device kind. Functions Dynamo inlines while tracing are only known afterwards: the entry
+records their source files with hashes, and a warm start checks them (any change: rebuild).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import pathlib
+import platform
+from typing import Any, Callable
+
+import torch
+
+import torchair
+
+
+def _sha(text: str | bytes) -> str:
+    data = text.encode() if isinstance(text, str) else text
+    return hashlib.sha256(data).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def torchair_source_hash() -> str:
+    """A hash of every source file of the torchair package (editing torchair invalidates)."""
+    root = pathlib.Path(torchair.__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def module_structure(module: torch.nn.Module) -> list:
+    """Submodule types and every parameter / buffer name, shape, dtype (not values)."""
+    parts: list = [[name, type(m).__module__ + "." + type(m).__qualname__]
+                   for name, m in module.named_modules()]
+    for kind, items in (("param", module.named_parameters()), ("buffer", module.named_buffers())):
+        parts += [[kind, name, list(t.shape), str(t.dtype)] for name, t in items]
+    return parts
+
+
+def _source(fn: Callable) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        return repr(code.co_code) if code is not None else repr(fn)
+
+
+def _patterns() -> list:
+    from torchair.patterns import replacement
+
+    return [[name, _sha(src)] for name, src in replacement.registered_sources()]
+
+
+def device_kind(module: torch.nn.Module) -> str:
+    for t in (*module.parameters(), *module.buffers()):
+        if t.device.type == "cuda":
+            return f"cuda:{torch.cuda.get_device_name(t.device)}"
+        if t.device.type != "cpu":
+            return t.device.type
+    return "cpu"
+
+
+def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict | None) -> dict:
+    module = func.__self__
+    return {
+        "module_class": type(module).__module__ + "." + type(module).__qualname__,
+        "module_structure": _sha(json.dumps(module_structure(module))),
+        "func": func.__func__.__qualname__,
+        "func_source": _sha(_source(func.__func__)),
+        "config": config.as_dict(),
+        "dynamic": bool(dynamic),
+        "custom_decompositions": sorted([str(k), _sha(_source(v))]
+                                        for k, v in (decompositions or {}).items()),
+        "patterns": _patterns(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "torchair": torchair.__version__,
+        "torchair_sources": torchair_source_hash(),
+        "device": device_kind(module),
+    }
+
+
+def key_hash(parts: dict) -> str:
+    return _sha(json.dumps(parts, sort_keys=True, default=str))[:16]
+
+
+def rank_dir(global_rank: int | None, tp_rank: int | None, pp_rank: int | None) -> str:
+    """``[world{W}global_rank{r}][_tp_rank{t}][_pp_rank{p}]`` ("" when no rank is known)."""
+    dist = torch.distributed
+    initialized = dist.is_available() and dist.is_initialized()
+    if global_rank is None and initialized:
+        global_rank = dist.get_rank()
+    parts = []
+    if global_rank is not None:
+        world = f"world{dist.get_world_size()}" if initialized else ""
+        parts.append(f"{world}global_rank{global_rank}")
+    if tp_rank is not None:
+        parts.append(f"tp_rank{tp_rank}")
+    if pp_rank is not None:
+        parts.append(f"pp_rank{pp_rank}")
+    return "_".join(parts)
+
+
+def entry_dir(root: pathlib.Path, func: Callable, parts: dict, ranks: str) -> pathlib.Path:
+    """``{root}/{ModuleClass}_{dynamic|static}_{hash}/[ranks/]{func name}``."""
+    module = type(func.__self__).__name__
+    top = root / f"{module}_{'dynamic' if parts['dynamic'] else 'static'}_{key_hash(parts)}"
+    return (top / ranks if ranks else top) / func.__func__.__name__
+
+
+def file_hashes(code_files: list[str]) -> dict[str, str]:
+    """sha256 of each traced source file (recorded at cold start, checked at warm start)."""
+    hashes = {}
+    for name in sorted(set(code_files)):
+        if os.path.isfile(name):
+            hashes[name] = _sha(pathlib.Path(name).read_bytes())
+    return hashes
