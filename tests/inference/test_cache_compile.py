@@ -29,6 +29,7 @@ class Model(torch.nn.Module):
     def __init__(self, cache_dir, hidden=8, config=None, **kwargs):
         super().__init__()
         self.l = torch.nn.Linear(hidden, hidden)
+        self.eps = 1e-6  # a float attribute: Dynamo passes it to the graph as a 0-d tensor
         self.cached_prefill = torchair.inference.cache_compile(
             self.prefill, cache_dir=cache_dir, config=config, **kwargs)
         self.cached_decode = torchair.inference.cache_compile(
@@ -43,6 +44,7 @@ class Model(torch.nn.Module):
         return {"y": helper(self.l(x)).relu() * lengths[0], "n": None}
 
     def decode(self, x, lengths: list):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return helper(self.l(x)).sum(-1) + lengths[0], x.mean()
 '''
 
@@ -128,6 +130,7 @@ def test_warm_start_runs_without_dynamo_and_matches_eager(tmp_path, no_dynamo, l
         with torch.no_grad():
             want = warm.decode(x, lengths)
         assert _equal(got, want)
+    assert not _messages(log), _messages(log)  # every call fit the cached graph
     assert _equal(first, _run(warm, x, [5, 7]))
     assert torch._dynamo.utils.counters["frames"]["total"] == frames
     assert any("loaded" in m and "no Dynamo trace" in m for m in _messages(log, logging.INFO))
@@ -351,3 +354,30 @@ def test_graph_break_and_random_ops_are_errors(tmp_path):
         rng = cache_compile(src.Random().f, cache_dir=tmp_path / "c", config=_config())
         with pytest.raises(ValueError, match=r"random ops \['aten::randn_like'\]"):
             rng(torch.randn(3))
+
+
+@pytest.mark.inductor
+def test_ge_cache_keeps_inductor_artifacts_in_the_entry(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "global-inductor"))
+    src = _load(tmp_path)
+    config = torchair.CompilerConfig()  # default engine: Inductor
+    x = torch.randn(2, 1, 8)
+    torch._dynamo.mark_static(x)
+    cold = src.Model(tmp_path / "c", config=config, ge_cache=True, dynamic=False)
+    first = _run(cold, x, [3, 4])
+    (entry,) = _entries(tmp_path / "c")
+    artifacts = pathlib.Path(f"{entry.parent}.inductor")
+    assert any(artifacts.rglob("*.py")), "Inductor's generated code is not in the entry"
+    torch._dynamo.reset()
+    def hits():  # Inductor's FX graph cache, or AOT's cache in front of it
+        return counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"][
+            "autograd_cache_hit"]
+
+    before = hits()
+    warm = src.Model(tmp_path / "c", config=config, ge_cache=True, dynamic=False)
+    warm.load_state_dict(cold.state_dict())
+    assert _equal(_run(warm, x, [3, 4]), first)
+    assert hits() == before + 1
+    assert torchair.graph_reports()[-1].launch.endswith("(from cache_compile)")

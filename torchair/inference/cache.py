@@ -255,7 +255,8 @@ class CachedFunction:
         meta = {
             "format": FORMAT, "name": self.name, "key": parts, "key_hash": keys.key_hash(parts),
             "traced_files": keys.file_hashes(state.code_files),
-            "sources": state.sources, "inputs": [info_to_json(i) for i in inputs],
+            "sources": state.sources, "as_tensor": state.as_tensor,
+            "inputs": [info_to_json(i) for i in inputs],
             "treespec": pytree.treespec_dumps(treespec), "leaves": specs,
             "output": output_spec(result, rec.outputs), "unit": unit, "ge_cache": self.ge_cache,
             "report": {"fx_static": report.fx_static, "ir_static": report.ir_static,
@@ -296,8 +297,8 @@ class _ColdState:
         self.shapes: list[Any] = []  # per graph input: IR-like shape, symbol names for dims
         self.code_files: list[str] = []
         self.records: list = []
-        self.first_inputs: list[str] = []
         self.guarded: set[str] = set()  # sources Dynamo guarded by value
+        self.as_tensor: list[bool] = []
 
 
 def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
@@ -305,26 +306,32 @@ def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
                             custom_decompositions=owner.decompositions)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-        state.compiles += 1
         described = [_describe(x) for x in example_inputs]
-        if state.compiles > 1:
-            changed = [f"{s}: {new} (was {old})" for s, new, old in
-                       zip(state.first_inputs, described, state.shapes) if new != old]
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        sources = [n.meta["grapharg"].source.name for n in placeholders]
+        if state.compiles:
+            old = dict(zip(state.sources, state.shapes))
+            changed = [f"{s}: {new} (was {old[s]})" for s, new in zip(sources, described)
+                       if s in old and new != old[s]]
             logger.warning("cache_compile(%s): func recompiled (Dynamo guards failed%s); the "
                            "cache is not used for it", owner.name,
                            f": {'; '.join(changed[:3])}" if changed else "")
+            state.compiles += 1
             if owner.entry is not None:
                 store.discard_entry(owner.entry)
             return inner(gm, example_inputs)
-        placeholders = list(gm.graph.find_nodes(op="placeholder"))
-        state.sources = [n.meta["grapharg"].source.name for n in placeholders]
-        state.first_inputs = list(state.sources)
-        state.shapes = described
+        # a restarted trace (e.g. Dynamo specializing a float) calls again: start over each time
+        del state.records[:]
+        state.sources, state.shapes = sources, described
+        # Python floats Dynamo passes to the graph as 0-d tensors (unspecialized floats)
+        state.as_tensor = [bool(getattr(n.meta["grapharg"], "pass_arg_as_tensor", False))
+                           for n in placeholders]
         context = torch._guards.TracingContext.try_get()
         guards = getattr(getattr(context, "guards_context", None), "dynamo_guards", None) or ()
         state.guarded = {g.name for g in guards if g.create_fn_name() in _VALUE_GUARDS}
         state.code_files = [c.co_filename for c in getattr(context, "traced_code", None) or []]
         compiled = inner(gm, example_inputs)
+        state.compiles += 1
         for rec in state.records:
             random = sorted({_op_name(n.target) for n in rec.gm.graph.nodes
                              if n.op == "call_function" and _op_name(n.target) in _RANDOM_OPS})
@@ -398,6 +405,18 @@ def _stale(meta: dict, parts: dict) -> str:
     return ""
 
 
+def _as_tensor(get: Callable[[dict], Any], dtype: str) -> Callable[[dict], Any]:
+    """A Python number Dynamo passed to the graph as a 0-d tensor: do the same."""
+    torch_dtype = getattr(torch, dtype)
+
+    def get_tensor(frame: dict) -> Any:
+        value = get(frame)
+        return value if isinstance(value, torch.Tensor) else torch.tensor(value,
+                                                                          dtype=torch_dtype)
+
+    return get_tensor
+
+
 class _InputCheck:
     def __init__(self, info: Any) -> None:
         self.kind, self.name, self.shape, self.dtype = info.kind, info.name, info.shape, info.dtype
@@ -412,7 +431,9 @@ class _Runtime:
         self.meta = meta
         self.unit = unit
         self.name = name
-        self.accessors = [accessor(s) for s in meta["sources"]]
+        self.accessors = [_as_tensor(accessor(s), info["dtype"]) if wrap else accessor(s)
+                          for s, wrap, info in zip(meta["sources"], meta["as_tensor"],
+                                                   meta["inputs"])]
         self.inputs = [_InputCheck(info_from_json(i)) for i in meta["inputs"]]
         self.treespec = meta["treespec"]
         self.leaves = meta["leaves"]

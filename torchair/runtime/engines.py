@@ -34,6 +34,23 @@ def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
+def _static_fakes(example_inputs: Sequence[Any]) -> list:
+    """Real example inputs as fake tensors of a fresh shape environment (static shapes).
+
+    Inductor reuses its on-disk FX graph cache only for graphs traced with a shape environment;
+    with real tensors it would regenerate and recompile the code every time (``cache_compile``'s
+    ``ge_cache`` depends on the reuse). Fake inputs (a dynamic build) are passed unchanged.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    if any(isinstance(x, FakeTensor) for x in example_inputs):
+        return list(example_inputs)
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    return [mode.from_tensor(x, static_shapes=True) if isinstance(x, torch.Tensor) else x
+            for x in example_inputs]
+
+
 def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
                     ) -> tuple[Engine, str]:
     """Compile ``gm`` with Inductor for ``example_inputs``; returns (engine, engine name)."""
@@ -41,7 +58,7 @@ def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
 
     try:
         with progress(f"{what}: compiling with Inductor"):
-            compiled = compile_fx(_fresh_copy(gm), list(example_inputs))
+            compiled = compile_fx(_fresh_copy(gm), _static_fakes(example_inputs))
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back to the FX engine
         restart = getattr(torch._dynamo.exc, "RestartAnalysis", ())
         if isinstance(exc, restart) and torch._guards.TracingContext.try_get() is not None:

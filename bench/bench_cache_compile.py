@@ -1,0 +1,186 @@
+"""cache_compile: time from process start to first output, cold vs warm, and per-call overhead.
+
+The model is ``bench_decode_step.DecoderStep`` (path 4: ``dynamic=True``, every tensor
+``mark_static``, tiling sink; the default Inductor engine), its decode method wrapped with
+``torchair.inference.cache_compile``. Start-up is timed in separate processes, from launching the
+interpreter to the first output printed by the child (so imports count):
+
+* ``cold``: empty cache directory (Dynamo trace, AOT, passes, Inductor compile, save);
+* ``warm``: the entry the cold run saved (no Dynamo, no guards; the launch unit is rebuilt);
+  with ``--ge-cache`` runs (``ge_cache=True``) the warm start reuses Inductor's artifacts too.
+
+Inductor's own global cache is pointed at a fresh directory per run, so only ``ge_cache`` can
+make code generation disappear. Per-call overhead is measured in one process on the warm entry:
+eager, plain ``torch.compile`` with the torchair backend (Dynamo guards on every call) and the
+warm ``cache_compile`` call, in interleaved rounds with new lengths every call.
+
+    python bench/bench_cache_compile.py --quick      # ~2 min on 2 CPU cores
+    python bench/bench_cache_compile.py
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def _child(args: argparse.Namespace) -> None:
+    import torch
+
+    import bench_decode_step as D
+    import torchair
+
+    torch.manual_seed(0)
+    cfg = D.ModelConfig(layers=args.layers, hidden=args.hidden, heads=8, kv_heads=2,
+                        intermediate=3 * args.hidden, capacity=args.capacity)
+
+    class Cached(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = D.DecoderStep(cfg)
+            config = torchair.CompilerConfig()
+            config.experimental_config.tiling_schedule_optimize = True
+            self.cached = torchair.inference.cache_compile(
+                self.decode, config=config, cache_dir=args.cache_dir, ge_cache=args.ge_cache)
+
+        def decode(self, x, pos, lens: list, k_caches: list, v_caches: list):
+            return self.step(x, pos, lens, k_caches, v_caches)
+
+    model = Cached().eval()
+    batch = 2
+    x = torch.randn(batch, 1, cfg.hidden)
+    pos = torch.tensor([7])
+    ks = [torch.randn(batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
+    vs = [torch.randn(batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
+    for t in (x, pos, *ks, *vs):
+        torch._dynamo.mark_static(t)
+    with torch.no_grad():
+        out = model.cached(x, pos, [9, 13], ks, vs)
+    report = torchair.graph_reports()[-1]
+    print("FIRST_OUTPUT", json.dumps({"checksum": float(out.double().sum()),
+                                      "launch": report.launch, "engine": report.engine}),
+          flush=True)
+    if args.overhead:
+        print("OVERHEAD", json.dumps(_overhead(model, x, pos, ks, vs, args)), flush=True)
+
+
+def _overhead(model, x, pos, ks, vs, args) -> dict:
+    """Median µs per call: eager, torch.compile(torchair backend), warm cache_compile."""
+    import torch
+
+    import torchair
+
+    config = torchair.CompilerConfig()
+    config.experimental_config.tiling_schedule_optimize = True
+    compiled = torch.compile(model.decode, backend=torchair.get_npu_backend(
+        compiler_config=config), dynamic=True, fullgraph=True)
+    variants = {"eager": model.decode, "torch.compile": compiled, "cache_compile": model.cached}
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    with torch.no_grad():
+        for fn in variants.values():  # warm-up (compiles torch.compile's graph)
+            fn(x, pos, [11, 17], ks, vs)
+            fn(x, pos, [12, 18], ks, vs)
+        for r in range(args.rounds):
+            for name, fn in variants.items():
+                for i in range(args.calls):
+                    lens = [2 + (r * 31 + i) % 500, 3 + (r * 17 + i * 7) % 500]
+                    start = time.perf_counter()
+                    fn(x, pos, lens, ks, vs)
+                    times[name].append(time.perf_counter() - start)
+    return {k: statistics.median(v) * 1e6 for k, v in times.items()}
+
+
+def _launch(args: argparse.Namespace, cache_dir: str, ge_cache: bool, overhead: bool,
+            inductor_dir: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--cache-dir", cache_dir,
+           "--layers", str(args.layers), "--hidden", str(args.hidden),
+           "--capacity", str(args.capacity), "--rounds", str(args.rounds),
+           "--calls", str(args.calls)]
+    cmd += ["--ge-cache"] if ge_cache else []
+    cmd += ["--overhead"] if overhead else []
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    result: dict = {}
+    for line in proc.stdout:
+        if line.startswith("FIRST_OUTPUT"):
+            result["first_output_s"] = time.perf_counter() - start
+            result.update(json.loads(line.split(" ", 1)[1]))
+        elif line.startswith("OVERHEAD"):
+            result["overhead_us"] = json.loads(line.split(" ", 1)[1])
+    err = proc.stderr.read()
+    if proc.wait() != 0:
+        raise RuntimeError(f"child failed: {err[-3000:]}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--ge-cache", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--overhead", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--capacity", type=int, default=1024)
+    parser.add_argument("--warm-runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="1 warm run each, fewer calls")
+    parser.add_argument("--out", help="JSON path (default bench/results/cache_compile_<tag>.json)")
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args)
+        return 0
+    if args.quick:
+        args.warm_runs, args.rounds, args.calls = 1, 3, 20
+
+    import _harness as H
+
+    info = H.machine_info("cpu")
+    print(H.format_machine(info))
+    rows, runs = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for ge in (True, False):
+            cache = os.path.join(tmp, f"cache-{'ge' if ge else 'plain'}")
+            fresh = lambda tag: tempfile.mkdtemp(dir=tmp, prefix=f"inductor-{tag}-")  # noqa: E731
+            cold = _launch(args, cache, ge, False, fresh("cold"))
+            warms = [_launch(args, cache, ge, not ge and k == 0, fresh("warm"))
+                     for k in range(args.warm_runs)]
+            warm_s = statistics.median(w["first_output_s"] for w in warms)
+            same = all(abs(w["checksum"] - cold["checksum"]) < 1e-3 * max(1, abs(
+                cold["checksum"])) for w in warms)
+            key = "ge_cache" if ge else "no_ge_cache"
+            runs[key] = {"cold": cold, "warm": warms, "warm_median_s": warm_s,
+                         "warm_over_cold": warm_s / cold["first_output_s"], "same_output": same}
+            rows.append([key, f"{cold['first_output_s']:.2f}", f"{warm_s:.2f}",
+                         f"{100 * warm_s / cold['first_output_s']:.1f}%", same,
+                         warms[0]["launch"]])
+            if not ge:
+                runs["overhead_us"] = warms[0].get("overhead_us")
+    print(H.format_table(["entry", "cold s", "warm s (median)", "warm/cold", "same output",
+                          "warm launch"], rows))
+    overhead = runs.get("overhead_us") or {}
+    if overhead:
+        print(H.format_table(["per call", "median us", "vs eager"],
+                             [[k, f"{v:.0f}", f"{v / overhead['eager']:.2f}"]
+                              for k, v in overhead.items()]))
+    payload = {"machine": info, "args": vars(args), "runs": runs, "command": H.command_line()}
+    tag = H.machine_tag(info) + ("_quick" if args.quick else "")
+    path = args.out or HERE / "results" / f"cache_compile_{tag}.json"
+    print("saved", H.save_json(path, payload))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
