@@ -66,16 +66,8 @@ def _config():
 
 
 @pytest.fixture
-def log():
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+def log(torchair_log):
+    return torchair_log
 
 
 def _messages(records, level=logging.WARNING):

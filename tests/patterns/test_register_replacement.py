@@ -20,16 +20,8 @@ def _isolated():
 
 
 @pytest.fixture
-def debug_log():
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.DEBUG)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(old)
+def debug_log(torchair_log):
+    return torchair_log
 
 
 def _compile(fn, *args, fusion=True, dynamic=False, dump_dir=None):

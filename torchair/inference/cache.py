@@ -95,6 +95,7 @@ class CachedFunction:
         self.signature = inspect.signature(func)
         self.entry: Any = None  # the entry directory, known at the first call
         self.root: Any = None
+        self.vec_isa: str | None = None  # the CPU vector ISA Inductor picked at the cold start
         self.runtime: _Runtime | None = None
         self.compiled: Callable | None = None  # Dynamo-compiled func (cold start, fallback)
         self.warned: set[str] = set()
@@ -180,6 +181,7 @@ class CachedFunction:
             return None
         logger.info("cache_compile(%s): loaded %s (no Dynamo trace, no guards)", self.name,
                     self.entry)
+        self.vec_isa = runtime.meta.get("vec_isa")
         runtime.first_call_context = self._engine_cache
         return runtime
 
@@ -265,6 +267,7 @@ class CachedFunction:
                        "launch": report.launch, "sunk_inputs": report.sunk_inputs,
                        "patterns": report.patterns},
         }
+        meta["vec_isa"] = self.vec_isa
         files["meta.json"] = json.dumps(meta, indent=1, default=str).encode()
         return files
 
@@ -281,13 +284,39 @@ class CachedFunction:
         try:
             from torch._inductor import config as inductor_config
 
-            with inductor_config.patch(fx_graph_cache=True):
+            if self.vec_isa is None and not torch.cuda.is_available():  # cold start: probe
+                from torch._inductor import cpu_vec_isa
+
+                self.vec_isa = str(cpu_vec_isa.pick_vec_isa())
+            with inductor_config.patch(fx_graph_cache=True), _known_vec_isa(self.vec_isa):
                 yield
         finally:
             if old is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             else:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
+@contextlib.contextmanager
+def _known_vec_isa(recorded: str | None) -> Iterator[None]:
+    """Skip Inductor's vector-ISA probe (it compiles test programs: ~1.5 s per process) when the
+    cold start recorded the probed pick: trust the CPU flags, and if that picks another ISA than
+    the recorded one, forget it so Inductor probes as usual. Cold and warm builds both run under
+    this setting, so Inductor's cache keys (which include its config) agree."""
+    if not recorded or torch.cuda.is_available():
+        yield
+        return
+    from torch._inductor import config as inductor_config
+    from torch._inductor import cpu_vec_isa
+
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        same = str(cpu_vec_isa.pick_vec_isa()) == recorded
+    if not same:
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+        yield
+        return
+    with inductor_config.patch({"cpp.vec_isa_ok": True}):
+        yield
 
 
 class _ColdState:
