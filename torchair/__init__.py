@@ -7,7 +7,7 @@
                           dynamic=True, fullgraph=True)
     torchair.graph_reports()[-1]   # static or not, and why
 """
-from torchair import inference, ops
+from torchair import inference, ops, scope
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.backend import get_compiler, get_npu_backend
 from torchair.patterns import register_replacement
@@ -24,4 +24,5 @@ __all__ = [
     "inference",
     "ops",
     "register_replacement",
+    "scope",
 ]

@@ -316,3 +316,18 @@ def test_shadowing_node_names_are_harmless(saved, no_system, name):
     gm = graph_from_json(data, tensors)
     x = torch.randn(3)
     assert torch.equal(gm(x), x.relu() + 1)
+
+
+def test_super_kernel_scope_attributes_round_trip():
+    gm = make_fx(lambda x: (x.relu() * 2,))(torch.randn(3))
+    relu = next(n for n in gm.graph.nodes if n.op == "call_function")
+    relu.meta["_super_kernel_scope"] = "sk1"
+    relu.meta["_super_kernel_options"] = "stream-fusion=1"
+    data, tensors = graph_to_json(gm)
+    back = graph_from_json(json.loads(json.dumps(data)), tensors)
+    node = next(n for n in back.graph.nodes if n.op == "call_function")
+    assert node.meta["_super_kernel_scope"] == "sk1"
+    assert node.meta["_super_kernel_options"] == "stream-fusion=1"
+    data["nodes"][1]["meta"] = {"val": "x"}
+    with pytest.raises(UnserializableGraph, match="meta may only hold"):
+        graph_from_json(data, tensors)

@@ -278,3 +278,26 @@ def test_same_tensor_for_both_addends_fuses_with_dynamic_shapes():
 
     x, _, gamma = _inputs(smooth=False)
     _check(fn, (x, gamma), defaults.CAST, dynamic=True)
+
+
+def test_fused_op_carries_its_super_kernel_scope():
+    def fn(x1, x2, gamma, s):
+        with torchair.scope.super_kernel("sk1", "stream-fusion=1"):
+            y, _, x_out = npu.npu_add_rms_norm(x1, x2, gamma)
+            yq, scale = npu.npu_dynamic_quant(y, smooth_scales=s)
+        return yq, scale, x_out
+
+    _, report = _compile(fn, *_inputs())
+    assert report.patterns == {defaults.SMOOTH: 1}
+    (names,) = report.scopes.values()
+    assert any("npu_add_rms_norm_dynamic_quant" in n for n in names), report.scopes
+
+
+def test_chain_across_a_scope_boundary_is_not_fused():
+    def fn(x1, x2, gamma, s):
+        with torchair.scope.super_kernel("sk1"):
+            y, _, x_out = npu.npu_add_rms_norm(x1, x2, gamma)
+        yq, scale = npu.npu_dynamic_quant(y, smooth_scales=s)
+        return yq, scale, x_out
+
+    _check(fn, _inputs(), defaults.SMOOTH, fires=False)

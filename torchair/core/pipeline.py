@@ -74,7 +74,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
         build_static=analysis.build_static, inputs=inputs,
         value_dependent_ops=[u.op_name for u in analysis.value_dependent],
         reasons=analysis.reasons, consts=_consts(analysis), passes=fired, dumps=dumps,
-        patterns=_patterns_fired(passes))
+        patterns=_patterns_fired(passes), scopes=_scopes(passes))
     if analysis.build_static:
         unit = _static_unit(gm, analysis, inputs, config, report)
     else:
@@ -142,6 +142,7 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
         build_static=first.build_static, inputs=inputs,
         value_dependent_ops=[u.op_name for u in first.value_dependent], reasons=first.reasons,
         consts=_consts(first), passes=fired, dumps=dumps, patterns=_patterns_fired(passes),
+        scopes=_scopes(passes),
         gears=[{"gear": table.describe(g), "built": False, "build_seconds": None}
                for g in table.gears])
     if not first.build_static:
@@ -241,6 +242,10 @@ def _drop_placeholder(gm: fx.GraphModule, name: str) -> fx.GraphModule:
 
 def _patterns_fired(passes: list) -> dict[str, int]:
     return {name: count for p in passes for name, count in getattr(p, "fired", {}).items()}
+
+
+def _scopes(passes: list) -> dict[str, list[str]]:
+    return {name: ops for p in passes for name, ops in getattr(p, "scopes", {}).items()}
 
 
 def _consts(analysis: Analysis) -> dict[str, Any]:

@@ -242,6 +242,10 @@ def _get_attr_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Ten
     return obj.detach()
 
 
+# node attributes that change how a graph runs (super_kernel scopes): kept, as plain strings
+_KEPT_META = ("_super_kernel_scope", "_super_kernel_options")
+
+
 def graph_to_json(gm: torch.fx.GraphModule) -> tuple[dict, dict[str, torch.Tensor]]:
     """``gm`` as a JSON-able dict, plus the tensors its ``get_attr`` nodes reference (keyed by
     attribute path). Raises ``UnserializableGraph`` naming the first node that cannot be saved."""
@@ -262,13 +266,17 @@ def graph_to_json(gm: torch.fx.GraphModule) -> tuple[dict, dict[str, torch.Tenso
                 tensors[target] = _get_attr_tensor(gm, node)
             elif node.op == "placeholder":
                 _check_identifier(target, f"node {node.name!r}: placeholder")
-        nodes.append({
+        entry = {
             "op": node.op,
             "name": _check_node_name(node.name, "node name"),
             "target": target,
             "args": [_encode_value(a, node) for a in node.args],
             "kwargs": {k: _encode_value(v, node) for k, v in node.kwargs.items()},
-        })
+        }
+        meta = {k: node.meta[k] for k in _KEPT_META if isinstance(node.meta.get(k), str)}
+        if meta:
+            entry["meta"] = meta
+        nodes.append(entry)
     data = {
         "format": FORMAT,
         "version": VERSION,
@@ -485,7 +493,9 @@ def graph_from_json(data: dict, tensors: dict[str, torch.Tensor]) -> torch.fx.Gr
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
     for i, spec in enumerate(nodes):
-        if not isinstance(spec, dict) or set(spec) != {"op", "name", "target", "args", "kwargs"}:
+        if not isinstance(spec, dict) or not (
+                {"op", "name", "target", "args", "kwargs"} <= set(spec)
+                <= {"op", "name", "target", "args", "kwargs", "meta"}):
             raise UnserializableGraph(f"graph node #{i} is malformed: {spec!r}")
         op, name, target = spec["op"], spec["name"], spec["target"]
         _check_node_name(name, f"graph node #{i} name")
@@ -511,6 +521,11 @@ def graph_from_json(data: dict, tensors: dict[str, torch.Tensor]) -> torch.fx.Gr
         for k, v in spec["kwargs"].items():
             kwargs[_check_identifier(k, f"node {name!r}: keyword")] = _decode_value(v, env, name)
         env[name] = graph.create_node(op, target, args, kwargs, name=name)
+        meta = spec.get("meta", {})
+        if not isinstance(meta, dict) or not all(
+                k in _KEPT_META and isinstance(v, str) for k, v in meta.items()):
+            raise UnserializableGraph(f"node {name!r}: meta may only hold {_KEPT_META} strings")
+        env[name].meta.update(meta)
     outputs = [n for n in graph.nodes if n.op == "output"]
     if len(outputs) != 1 or outputs[0] is not list(graph.nodes)[-1]:
         raise UnserializableGraph("graph must end with exactly one output node")

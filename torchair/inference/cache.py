@@ -265,7 +265,7 @@ class CachedFunction:
                        "build_static": report.build_static, "reasons": report.reasons,
                        "value_dependent_ops": report.value_dependent_ops,
                        "launch": report.launch, "sunk_inputs": report.sunk_inputs,
-                       "patterns": report.patterns},
+                       "patterns": report.patterns, "scopes": report.scopes},
         }
         meta["vec_isa"] = self.vec_isa
         files["meta.json"] = json.dumps(meta, indent=1, default=str).encode()
@@ -479,7 +479,7 @@ class _Runtime:
                              ir_static=saved["ir_static"], build_static=saved["build_static"],
                              inputs=inputs, value_dependent_ops=saved["value_dependent_ops"],
                              reasons=saved["reasons"], sunk_inputs=saved["sunk_inputs"],
-                             patterns=saved["patterns"])
+                             patterns=saved["patterns"], scopes=saved.get("scopes", {}))
         u = meta["unit"]
         if u["kind"] == "static":
             program = None

@@ -4,8 +4,11 @@ Order (each pass one file):
 1. ``lower_prims`` - ``prims`` ops to ATen (prims run as slow Python references when run eagerly).
 2. ``remove_noops`` - drop identity ops left by functionalization (fewer host launches).
 3. ``pattern_fusion`` - fused ops for registered op chains (``experimental_config.pattern_fusion_pass``);
-   after ``remove_noops`` so patterns see no identity ops between the ops they match.
-4. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
+   after ``remove_noops`` so patterns see no identity ops between the ops they match. A match
+   that crosses a ``super_kernel`` marker is refused, so each fused op lies in one scope.
+4. ``super_kernel_scope`` - ``torchair.scope.super_kernel`` markers become node attributes and are
+   erased; after ``pattern_fusion`` so fused ops get the attributes of the scope they sit in.
+5. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
    of copying whole inputs; it must see the final graph, so later passes go before it.
 Later passes (pattern fusion, scopes) are inserted before ``reinplace_inputs``, here only.
 """
@@ -19,6 +22,7 @@ from torchair.passes.lower_prims import LowerPrimsPass
 from torchair.passes.pattern_fusion import PatternFusionPass
 from torchair.passes.reinplace_inputs import ReinplaceInputsPass
 from torchair.passes.remove_noops import RemoveNoOpsPass
+from torchair.passes.super_kernel_scope import SuperKernelScopePass
 
 
 def default_passes(config) -> list[GraphPass]:
@@ -26,7 +30,7 @@ def default_passes(config) -> list[GraphPass]:
     passes: list[GraphPass] = [LowerPrimsPass(), RemoveNoOpsPass()]
     if config.experimental_config.pattern_fusion_pass:
         passes.append(PatternFusionPass())
-    passes.append(ReinplaceInputsPass())
+    passes += [SuperKernelScopePass(), ReinplaceInputsPass()]
     return passes
 
 
@@ -44,4 +48,4 @@ def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
 
 
 __all__ = ["GraphPass", "LowerPrimsPass", "PatternFusionPass", "ReinplaceInputsPass", "RemoveNoOpsPass",
-           "default_passes", "run_passes"]
+           "SuperKernelScopePass", "default_passes", "run_passes"]

@@ -194,6 +194,7 @@ def _logged(name: str, check: Callable, replay: Callable, same: Callable) -> Cal
         try:
             ok = bool(check(match))
             if ok:
+                _within_one_scope(match)
                 same(match)
             elif _symbolic(match):
                 ok = replay(match)
@@ -210,6 +211,24 @@ def _logged(name: str, check: Callable, replay: Callable, same: Callable) -> Cal
         return ok
 
     return run
+
+
+_MARKERS = ("_super_kernel_begin", "_super_kernel_end")
+
+
+def _within_one_scope(match) -> None:
+    """Refuse a candidate with a ``super_kernel`` scope marker between its nodes: the fused op
+    would belong to no single scope."""
+    markers = {getattr(getattr(torch.ops.npu, m, None), "default", None) for m in _MARKERS}
+    markers.discard(None)
+    if not markers:
+        return
+    order = {n: i for i, n in enumerate(match.graph.nodes)}
+    first = min(order[n] for n in match.nodes)
+    last = max(order[n] for n in match.nodes)
+    for node in match.graph.nodes:
+        if first < order[node] < last and node.op == "call_function" and node.target in markers:
+            raise _Rejected(f"it crosses the super_kernel scope marker `{node.name}`")
 
 
 def _validated(search_fn: Callable, replace_fn: Callable, extra_check: Callable, match) -> bool:

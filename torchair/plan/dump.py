@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from torchair.core.utils import logger
 from torchair.plan.inputs import InputInfo
-from torchair.plan.ir import IRNode, format_value, to_ir
+from torchair.plan.ir import META_ATTRS, IRNode, format_value, to_ir
 
 __all__ = ["write_dump", "dump_file_name", "render_txt", "render_pbtxt", "render_py",
            "STAGES", "FORMATS"]
@@ -327,6 +327,8 @@ def render_py(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, graph_id: int,
                 if node.op == "call_module":
                     attrs.append(_attr_line(gm, str(node.target)))
                 body.append(f"{var} = graph.{node.op}({node.target!r}, {args}, {kwargs})")
+            body += [f"{var}.meta[{key!r}] = {node.meta[key]!r}" for key in META_ATTRS
+                     if key in node.meta]
     lines = [f"# TorchAir dump of graph {graph_id}, stage {stage}: the FX graph, rebuilt.",
              "# Run this file to print the graph; make_inputs() builds example inputs.",
              *sorted(f"import {m}" for m in w.imports - {"torch", "torch.fx"}),

@@ -24,7 +24,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torchair.ops._registry import get_value_dependent
 from torchair.plan.inputs import InputInfo, dtype_name, ir_shape, is_symbolic
 
-__all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value"]
+__all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value", "META_ATTRS"]
+
+# node.meta entries shown as op attributes (set by SuperKernelScopePass)
+META_ATTRS = ("_super_kernel_scope", "_super_kernel_options")
 
 
 @dataclasses.dataclass
@@ -184,6 +187,7 @@ def _call_node(node: fx.Node, names: _Names, ir_name: dict[fx.Node, str]) -> lis
         inputs.extend(ir_name[r] for r in refs)
         if not refs or (isinstance(value, (list, tuple, dict)) and _has_constant_leaf(value)):
             attrs[name] = plain(value)
+    attrs.update((key, node.meta[key]) for key in META_ATTRS if key in node.meta)
     shape, dtype = _val_info(node.meta.get("val"))
     if node.op == "call_function":
         op = op_name(node.target)

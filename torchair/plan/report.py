@@ -31,6 +31,7 @@ class GraphReport:
     engine: str = ""  # "inductor" | "fx"
     passes: dict[str, int] = dataclasses.field(default_factory=dict)  # pass -> rewrites
     patterns: dict[str, int] = dataclasses.field(default_factory=dict)  # fusion pattern -> rewrites
+    scopes: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # super_kernel -> ops
     dumps: list[str] = dataclasses.field(default_factory=list)
     build_seconds: float | None = None  # filled in when the launch unit is built
 
@@ -70,6 +71,8 @@ class GraphReport:
         if self.patterns:
             lines.append("  fusion patterns fired: " + ", ".join(
                 f"{k} x{v}" for k, v in self.patterns.items()))
+        lines += [f"  super_kernel scope {k!r}: {', '.join(v) or '(no ops)'}"
+                  for k, v in self.scopes.items()]
         lines.append(f"  launch: {self.launch} [{self.engine} engine]")
         if self.build_seconds is not None:
             lines.append(f"  built in {self.build_seconds:.2f} s")
