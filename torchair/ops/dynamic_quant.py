@@ -31,8 +31,10 @@ Rounding and edge cases (the same in every kernel):
 ``npu_add_rms_norm_dynamic_quant`` quantizes the float32 ``y`` (Ascend's kernel keeps ``y`` in
 float32 between its norm and quantization stages as well). The unfused chain ``npu_add_rms_norm``
 -> ``npu_dynamic_quant(y, smooth_scales=s1)`` quantizes ``y`` rounded to ``x1.dtype`` first, so for
-float16 / bfloat16 the two can differ by one int8 step in rare elements (and ``scale1`` by the
-rounding of ``max|y|``); for float32 they are equal.
+float16 / bfloat16 the two can differ by one int8 step (never more), in about 0.4% of the values
+for float16 and 3-4% for bfloat16 (measured on random rows of 7168; ``scale1`` differs by the
+rounding of ``max|y|``); for float32 they are equal. The fused result is the closer one to exact
+arithmetic.
 
 ``output_mask`` (``[]`` or two bools) selects the quantizations. ``[]``: ``y1`` always, ``y2`` only
 when ``smooth_scale2`` is given (then ``smooth_scale1`` must be given too). ``[m1, m2]``: ``y1`` iff
