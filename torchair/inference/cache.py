@@ -213,6 +213,9 @@ class CachedFunction:
         except NotCacheable as error:
             logger.warning("cache_compile(%s): not cached, compiled as usual: %s", self.name,
                            error)
+        finally:
+            for rec in state.records:
+                rec.outputs = []  # release the first call's outputs (kept only to map them)
         return result
 
     def _payload(self, state: _ColdState, parts: dict, frame: dict, result: Any) -> dict:
