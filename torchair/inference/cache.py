@@ -468,6 +468,7 @@ class _Runtime:
                                                    meta["inputs"])]
         self.inputs = [_InputCheck(info_from_json(i)) for i in meta["inputs"]]
         self.treespec = meta["treespec"]
+        self.known_spec: Any = None  # a TreeSpec seen to serialize to ``treespec``
         self.leaves = meta["leaves"]
         self.self_name = None
         self.first_call_context: Callable | None = None
@@ -525,8 +526,10 @@ class _Runtime:
 
     def _leaves_mismatch(self, frame: dict) -> str:
         leaves, spec = pytree.tree_flatten(frame_args(frame, next(iter(frame))))
-        if pytree.treespec_dumps(spec) != self.treespec:
-            return "the arguments' structure differs (e.g. a list of another length)"
+        if self.known_spec is None or spec != self.known_spec:  # serialize only on a change
+            if pytree.treespec_dumps(spec) != self.treespec:
+                return "the arguments' structure differs (e.g. a list of another length)"
+            self.known_spec = spec
         symbols: dict[str, int] = {}
         for k, (leaf, want) in enumerate(zip(leaves, self.leaves)):
             why = leaf_mismatch(want, leaf)
