@@ -20,6 +20,7 @@ from torchair.passes import default_passes, run_passes
 from torchair.plan.analysis import Analysis, analyze
 from torchair.plan.inputs import InputInfo, describe_inputs
 from torchair.plan.report import GraphReport, add_report, next_graph_id
+from torchair.plan.segments import plan_segments
 from torchair.plan.sink import SUNK_INPUT_NAME, sink_scalars
 from torchair.plan.specialize import gear_inputs, gear_symbols, specialize
 from torchair.runtime import units
@@ -74,7 +75,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
         build_static=analysis.build_static, inputs=inputs,
         value_dependent_ops=[u.op_name for u in analysis.value_dependent],
         reasons=analysis.reasons, consts=_consts(analysis), passes=fired, dumps=dumps,
-        patterns=_patterns_fired(passes), scopes=_scopes(passes))
+        patterns=_patterns_fired(passes), scopes=_scopes(passes),
+        segments=_segments(gm, inputs, config))
     if analysis.build_static:
         unit = _static_unit(gm, analysis, inputs, config, report)
     else:
@@ -142,7 +144,7 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
         build_static=first.build_static, inputs=inputs,
         value_dependent_ops=[u.op_name for u in first.value_dependent], reasons=first.reasons,
         consts=_consts(first), passes=fired, dumps=dumps, patterns=_patterns_fired(passes),
-        scopes=_scopes(passes),
+        scopes=_scopes(passes), segments=_segments(gm, inputs, config),
         gears=[{"gear": table.describe(g), "built": False, "build_seconds": None}
                for g in table.gears])
     if not first.build_static:
@@ -242,6 +244,13 @@ def _drop_placeholder(gm: fx.GraphModule, name: str) -> fx.GraphModule:
 
 def _patterns_fired(passes: list) -> dict[str, int]:
     return {name: count for p in passes for name, count in getattr(p, "fired", {}).items()}
+
+
+def _segments(gm: fx.GraphModule, inputs: list[InputInfo], config: CompilerConfig) -> dict:
+    plans = plan_segments(gm, tiling_sink=config.experimental_config.tiling_schedule_optimize,
+                          cuda=_device(inputs).type == "cuda")
+    return {scope: {"segments": plan.segments, "skipped": [list(s) for s in plan.skipped]}
+            for scope, plan in plans.items()}
 
 
 def _scopes(passes: list) -> dict[str, list[str]]:

@@ -32,6 +32,8 @@ class GraphReport:
     passes: dict[str, int] = dataclasses.field(default_factory=dict)  # pass -> rewrites
     patterns: dict[str, int] = dataclasses.field(default_factory=dict)  # fusion pattern -> rewrites
     scopes: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # super_kernel -> ops
+    # super_kernel scope -> {"segments": [[op, ...], ...], "skipped": [[op, reason], ...]}
+    segments: dict[str, Any] = dataclasses.field(default_factory=dict)
     dumps: list[str] = dataclasses.field(default_factory=list)
     build_seconds: float | None = None  # filled in when the launch unit is built
 
@@ -73,6 +75,10 @@ class GraphReport:
                 f"{k} x{v}" for k, v in self.patterns.items()))
         lines += [f"  super_kernel scope {k!r}: {', '.join(v) or '(no ops)'}"
                   for k, v in self.scopes.items()]
+        for scope, plan in self.segments.items():
+            lines += [f"    segment {i + 1}: {', '.join(seg)}"
+                      for i, seg in enumerate(plan["segments"])]
+            lines += [f"    skipped {name}: {why}" for name, why in plan["skipped"]]
         lines.append(f"  launch: {self.launch} [{self.engine} engine]")
         if self.build_seconds is not None:
             lines.append(f"  built in {self.build_seconds:.2f} s")
