@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import torchair
-from torchair.core.utils import logger
 from torchair.inference import _cache_store as store
 from torchair.inference import cache_compile, readable_cache
 

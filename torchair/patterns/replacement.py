@@ -243,7 +243,8 @@ def _validated(search_fn: Callable, replace_fn: Callable, extra_check: Callable,
             found = search_fn(*args)
             replaced = replace_fn(*args)
         except Exception as error:  # noqa: BLE001 - any failure means: do not rewrite
-            raise _Rejected(f"search_fn/replace_fn failed on the matched values: {error}")
+            raise _Rejected(f"search_fn/replace_fn failed on the matched values: "
+                            f"{error}") from error
     problem = _differs(found, replaced)
     if problem:
         raise _Rejected(f"replace_fn's result differs from search_fn's: {problem}")
@@ -330,7 +331,7 @@ def _replay_equal(search_fn: Callable, match) -> None:
             expected = pytree.tree_leaves(search_fn(*real))
             found = _run_matched(match, by_node)
         except Exception as error:  # noqa: BLE001 - a candidate that cannot be replayed is refused
-            raise _Rejected(f"replaying the candidate failed: {error}")
+            raise _Rejected(f"replaying the candidate failed: {error}") from error
         same = len(expected) == len(found) and all(
             isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
             and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(expected, found))
