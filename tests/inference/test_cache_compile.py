@@ -372,3 +372,17 @@ def test_ge_cache_keeps_inductor_artifacts_in_the_entry(tmp_path, monkeypatch):
     assert _equal(_run(warm, x, [3, 4]), first)
     assert hits() == before + 1
     assert torchair.graph_reports()[-1].launch.endswith("(from cache_compile)")
+
+
+def test_function_that_recompiles_is_not_cached(tmp_path, log):
+    src = _load(tmp_path)
+    model = src.Model(tmp_path / "c", config=_config(), dynamic=False)
+    _run(model, torch.randn(2, 1, 8), [3, 4])
+    assert len(_entries(tmp_path / "c")) == 1
+    x = torch.randn(3, 1, 8)  # dynamic=False: a new batch size fails a guard in this process
+    with torch.no_grad():
+        assert _equal(_run(model, x, [3, 4, 5]), model.decode(x, [3, 4, 5]))
+    warnings = [m for m in _messages(log) if "func recompiled" in m]
+    assert warnings and "the cache is not used" in warnings[0]
+    assert "L['x']" in warnings[0]  # names the input whose guard failed
+    assert _entries(tmp_path / "c") == []
