@@ -386,3 +386,54 @@ def test_function_that_recompiles_is_not_cached(tmp_path, log):
     assert warnings and "the cache is not used" in warnings[0]
     assert "L['x']" in warnings[0]  # names the input whose guard failed
     assert _entries(tmp_path / "c") == []
+
+
+def test_warm_decode_step_with_kv_writes_and_sunk_lengths(tmp_path, no_dynamo):
+    """Path 4 (tiling sink, in-place KV-cache writes, value-dependent attention) from the cache."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "examples"))
+    from four_paths import CAPACITY, HEAD_DIM, HIDDEN, KV_HEADS, DecodeStep
+
+    class Cached(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.step = DecodeStep()
+            config = _config()
+            config.experimental_config.tiling_schedule_optimize = True
+            self.cached = cache_compile(self.decode, config=config, cache_dir=tmp_path / "c")
+
+        def decode(self, x, pos, k_cache, v_cache, lengths: list):
+            return self.step(x, pos, k_cache, v_cache, lengths)
+
+    def inputs(step):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(2, 1, HIDDEN, generator=g)
+        pos = torch.tensor([step % CAPACITY])
+        for t in (x, pos):
+            torch._dynamo.mark_static(t)
+        return x, pos, [step + 3, step + 5]
+
+    torch.manual_seed(0)
+    cold = Cached().eval()
+    caches = [torch.zeros(2, CAPACITY, KV_HEADS * HEAD_DIM) for _ in range(2)]
+    for t in caches:
+        torch._dynamo.mark_static(t)
+    with torch.no_grad():
+        x, pos, lengths = inputs(0)
+        cold.cached(x, pos, *caches, lengths)
+    assert torchair.graph_reports()[-1].path == 4
+    torch._dynamo.reset()
+    warm = Cached().eval()
+    warm.load_state_dict(cold.state_dict())
+    no_dynamo()
+    mine = [c.clone() for c in caches]
+    ref = [c.clone() for c in caches]
+    with torch.no_grad():
+        for step in range(1, 6):
+            x, pos, lengths = inputs(step)
+            got = warm.cached(x, pos, *mine, lengths)
+            want = warm.decode(x, pos, *ref, lengths)
+            torch.testing.assert_close(got, want)
+            assert all(torch.equal(a, b) for a, b in zip(mine, ref))
+    report = torchair.graph_reports()[-1]
+    assert report.launch.endswith("(from cache_compile)") and report.build_static
+    assert report.sunk_inputs
