@@ -37,16 +37,9 @@ import math
 import torch
 
 from torchair.ops._decode import register_decode_kernel
-from torchair.ops._triton_utils import interpreted, next_pow2
+# Triton is optional: without it (HAS_TRITON False) the CUDA decode falls back to the reference.
+from torchair.ops._triton_utils import HAS_TRITON, interpreted, next_pow2, tl, triton
 
-try:  # Triton is optional: without it the CUDA decode falls back to the reference.
-    import triton
-    import triton.language as tl
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = None
-    HAS_TRITON = False
 
 __all__ = ["HAS_TRITON", "choose_launch", "decode_attention_triton", "interpreted"]
 

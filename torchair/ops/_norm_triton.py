@@ -26,16 +26,8 @@ from __future__ import annotations
 import torch
 
 from torchair.ops._norm_cpu import rstd_shape
-from torchair.ops._triton_utils import interpreted, next_pow2, rint
+from torchair.ops._triton_utils import HAS_TRITON, interpreted, next_pow2, rint, tl, triton
 
-try:  # Triton is optional: without it the CUDA ops fall back to their references.
-    import triton
-    import triton.language as tl
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = None
-    HAS_TRITON = False
 
 __all__ = ["HAS_TRITON", "MAX_WIDTH", "add_rms_norm_dynamic_quant_triton", "add_rms_norm_triton",
            "dynamic_quant_triton", "group_index_on", "interpreted", "rms_norm_triton"]

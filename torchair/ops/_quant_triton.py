@@ -25,17 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchair.ops._triton_utils import interpreted, next_pow2
+from torchair.ops._triton_utils import HAS_TRITON, interpreted, next_pow2, tl, triton
 from torchair.ops._triton_utils import rint as _rint
 
-try:  # Triton is optional: without it CUDA tensors fall back to the reference kernels.
-    import triton
-    import triton.language as tl
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = None
-    HAS_TRITON = False
 
 if TYPE_CHECKING:
     from torchair.ops.dequant_swiglu_quant import SwigluQuantPlan
