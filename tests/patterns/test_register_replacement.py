@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import torchair
-from torchair.core.utils import logger
 from torchair.patterns import replacement
 from torchair.patterns.replacement import isolated_patterns
 
@@ -187,20 +186,15 @@ def test_bad_arguments_name_the_argument():
         torchair.register_replacement(_search, _replace, [torch.randn(2, 2)])
 
 
-def test_old_torch_warns_once_and_skips(monkeypatch):
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger.addHandler(handler)
+def test_old_torch_warns_once_and_skips(monkeypatch, torchair_log):
     replacement._warn_unsupported.cache_clear()
     monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
     try:
         assert not _register()
         assert not _register()
     finally:
-        logger.removeHandler(handler)
         replacement._warn_unsupported.cache_clear()
-    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    warnings = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "torch >= 2.6" in warnings[0]
     assert "_search" not in replacement.registered_patterns()
 

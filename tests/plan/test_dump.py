@@ -12,7 +12,6 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from torchair.core.utils import logger
 from torchair.plan.dump import render_pbtxt, render_txt, write_dump
 from torchair.plan.inputs import describe_inputs
 from torchair.plan.ir import IRNode, to_ir
@@ -241,23 +240,13 @@ def test_txt_dynamic_dims_and_file_name(dynamic_graph, tmp_path):
     assert re.fullmatch(r"NetOutput\(\w+, \w+\)", lines[-1])
 
 
-def test_write_dump_defaults_to_cwd_and_logs(static_graph, tmp_path, monkeypatch):
+def test_write_dump_defaults_to_cwd_and_logs(static_graph, tmp_path, monkeypatch, torchair_log):
     gm, infos = static_graph
     monkeypatch.chdir(tmp_path)
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        path = write_dump(gm, infos, stage="optimized", fmt="pbtxt", directory=None, graph_id=0)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
+    path = write_dump(gm, infos, stage="optimized", fmt="pbtxt", directory=None, graph_id=0)
     assert os.path.dirname(path) == str(tmp_path)
     assert os.path.basename(path).startswith("dynamo_optimized_graph_0_rank_0_pid_")
-    assert any(path in r.getMessage() for r in records)
+    assert any(path in r.getMessage() and r.levelno == logging.INFO for r in torchair_log)
     with pytest.raises(ValueError, match="stage"):
         write_dump(gm, infos, stage="final", fmt="txt", directory=str(tmp_path), graph_id=0)
     with pytest.raises(ValueError, match="fmt"):
