@@ -7,9 +7,7 @@ tests here run in-process only when the whole process was started with TRITON_IN
 otherwise ``test_interpreter_suite_subprocess`` re-runs this module in a child pytest with it set.
 The ``cuda`` tests compare realistic shapes and CUDA-graph replay on a GPU (compiled kernels).
 """
-import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -18,6 +16,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from _interpreter import run_interpreted
 from _paging import block_table, to_blocks
 
 from torchair.ops import _decode_triton as dt
@@ -194,15 +193,7 @@ def test_import_without_triton_subprocess():
 def test_interpreter_suite_subprocess():
     if INTERPRETED:
         pytest.skip("the interpreter tests ran in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(__file__),
-         "-k", "not subprocess and not cuda"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    tail = res.stdout[-4000:] + res.stderr[-2000:]
-    assert res.returncode == 0, tail
-    passed = re.search(r"(\d+) passed", tail)
-    assert passed and int(passed.group(1)) >= 30, tail  # the interpreter tests really ran
+    run_interpreted(__file__, min_passed=30)
 
 
 # ---------------------------------------------------------------- GPU ----------------------------

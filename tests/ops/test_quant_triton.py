@@ -9,7 +9,6 @@ realistic shapes with compiled kernels on a GPU.
 """
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -17,6 +16,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+
+from _interpreter import run_interpreted
 
 import torchair.ops  # noqa: F401 (registers)
 from torchair.ops import _quant_triton as qt
@@ -162,15 +163,7 @@ def test_interpreter_suite_subprocess():
         pytest.skip("the interpreter tests ran in this process")
     if torch.cuda.is_available():
         pytest.skip("compiled kernels are tested on the GPU")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(__file__),
-         "-k", "not subprocess and not cuda"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    tail = res.stdout[-4000:] + res.stderr[-2000:]
-    assert res.returncode == 0, tail
-    passed = re.search(r"(\d+) passed", tail)
-    assert passed and int(passed.group(1)) >= 10, tail
+    run_interpreted(__file__, min_passed=10)
 
 
 # ---------------------------------------------------------------- GPU ----------------------------
