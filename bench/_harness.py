@@ -273,6 +273,17 @@ def save_json(path: str | os.PathLike, payload: Any) -> Path:
     return path
 
 
+def save_results(benchmark: str, tag: str, payload: dict[str, Any], *, quick: bool = False,
+                 out: str | os.PathLike | None = None) -> Path:
+    """Save a run to ``out`` or ``results/<benchmark>_<tag>[_quick].json`` and say where, with
+    ``payload["total_runtime_s"]`` when it is set."""
+    path = save_json(out or RESULTS_DIR / f"{benchmark}_{tag}{'_quick' if quick else ''}.json",
+                     payload)
+    total = payload.get("total_runtime_s")
+    print(f"\nsaved {path}" + (f" (total {total:.0f} s)" if total is not None else ""))
+    return path
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, (torch.dtype, torch.device)):
         return str(obj)

@@ -176,9 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                              [[k, f"{v:.0f}", f"{v / overhead['eager']:.2f}"]
                               for k, v in overhead.items()]))
     payload = {"machine": info, "args": vars(args), "runs": runs, "command": H.command_line()}
-    tag = H.machine_tag(info) + ("_quick" if args.quick else "")
-    path = args.out or HERE / "results" / f"cache_compile_{tag}.json"
-    print("saved", H.save_json(path, payload))
+    H.save_results("cache_compile", H.machine_tag(info), payload, quick=args.quick,
+                   out=args.out)
     return 0
 
 

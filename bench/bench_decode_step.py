@@ -519,9 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_at_end": H.load_average(),
         "total_runtime_s": time.perf_counter() - start,
     }
-    out = args.out or H.RESULTS_DIR / f"decode_step_{tag}{'_quick' if args.quick else ''}.json"
-    path = H.save_json(out, payload)
-    print(f"\nsaved {path} (total {payload['total_runtime_s']:.0f} s)")
+    H.save_results("decode_step", tag, payload, quick=args.quick, out=args.out)
     return 0
 
 

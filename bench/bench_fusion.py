@@ -789,9 +789,7 @@ def main(argv: list[str] | None = None) -> int:
         tag += f"-{args.threads}thread"
     if args.dtype not in ("bf16", "bfloat16"):
         tag += f"-{args.dtype}"
-    out = args.out or H.RESULTS_DIR / f"fusion_{tag}{'_quick' if args.quick else ''}.json"
-    path = H.save_json(out, payload)
-    print(f"\nsaved {path} (total {payload['total_runtime_s']:.0f} s)")
+    H.save_results("fusion", tag, payload, quick=args.quick, out=args.out)
     return 0
 
 
