@@ -168,7 +168,7 @@ class CachedFunction:
                 store.discard_entry(self.entry)
                 return None
             with self._engine_cache():
-                runtime = _Runtime.load(meta, files, self.name)
+                runtime = _Runtime.load(meta, files)
         except store.BrokenCacheError as error:
             logger.warning("cache_compile(%s): broken cache %s (%s): rebuilding", self.name,
                            self.entry, error)
@@ -459,22 +459,20 @@ class _InputCheck:
 class _Runtime:
     """A warm entry: checks a call against the cached signature and runs the launch unit."""
 
-    def __init__(self, meta: dict, unit: Callable, name: str) -> None:
+    def __init__(self, meta: dict, unit: Callable, inputs: list) -> None:
         self.meta = meta
         self.unit = unit
-        self.name = name
         self.accessors = [_as_tensor(accessor(s), info["dtype"]) if wrap else accessor(s)
                           for s, wrap, info in zip(meta["sources"], meta["as_tensor"],
                                                    meta["inputs"])]
-        self.inputs = [_InputCheck(info_from_json(i)) for i in meta["inputs"]]
+        self.inputs = [_InputCheck(info) for info in inputs]
         self.treespec = meta["treespec"]
         self.known_spec: Any = None  # a TreeSpec seen to serialize to ``treespec``
         self.leaves = meta["leaves"]
-        self.self_name = None
         self.first_call_context: Callable | None = None
 
     @classmethod
-    def load(cls, meta: dict, files: dict, name: str) -> _Runtime:
+    def load(cls, meta: dict, files: dict) -> _Runtime:
         tensors = store.load_tensors(files["constants.pt"]) if "constants.pt" in files else {}
         gm = graph_from_json(json.loads(files["graph.json"]), tensors)
         inputs = [info_from_json(i) for i in meta["inputs"]]
@@ -503,7 +501,7 @@ class _Runtime:
             report.engine = "fx"
             unit = units.HostUnit(fx_engine(gm))
         add_report(report)
-        return cls(meta, unit, name)
+        return cls(meta, unit, inputs)
 
     def check(self, frame: dict) -> tuple[str, list]:
         """("", graph inputs) when the call fits the cached graph, else (why, [])."""
