@@ -25,6 +25,8 @@ import torch.fx
 from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
+from torchair.plan.ir import META_ATTRS
+
 __all__ = ["UnserializableGraph", "graph_code", "graph_from_json", "graph_to_json"]
 
 FORMAT = "torchair.fx_graph"
@@ -243,7 +245,7 @@ def _get_attr_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Ten
 
 
 # node attributes that change how a graph runs (super_kernel scopes): kept, as plain strings
-_KEPT_META = ("_super_kernel_scope", "_super_kernel_options")
+_KEPT_META = META_ATTRS
 
 
 def graph_to_json(gm: torch.fx.GraphModule) -> tuple[dict, dict[str, torch.Tensor]]:

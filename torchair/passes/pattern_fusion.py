@@ -20,8 +20,12 @@ class PatternFusionPass(GraphPass):
         self.fired: dict[str, int] = {}
 
     def __call__(self, gm: fx.GraphModule) -> int:
-        from torchair.patterns import (apply_patterns, ensure_default_patterns,
-                                       registered_patterns, torch_supported)
+        from torchair.patterns import (
+            apply_patterns,
+            ensure_default_patterns,
+            registered_patterns,
+            torch_supported,
+        )
         from torchair.patterns.add_rms_norm import has_anchor
 
         if not torch_supported():

@@ -16,11 +16,9 @@ from __future__ import annotations
 import torch.fx as fx
 
 from torchair.passes._base import GraphPass
+from torchair.plan.ir import OPTIONS_KEY, SCOPE_KEY
 from torchair.scope._markers import BEGIN, is_marker
 from torchair.scope._options import normalize_options
-
-SCOPE_KEY = "_super_kernel_scope"
-OPTIONS_KEY = "_super_kernel_options"
 
 _WHY = ("a custom pass moved or removed a marker, or the region was split across graphs by a "
         "graph break inside the `with torchair.scope.super_kernel(...)` block (find it with "

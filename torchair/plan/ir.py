@@ -24,10 +24,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torchair.ops._registry import get_value_dependent
 from torchair.plan.inputs import InputInfo, dtype_name, ir_shape, is_symbolic
 
-__all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value", "META_ATTRS"]
+__all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value", "META_ATTRS", "SCOPE_KEY",
+           "OPTIONS_KEY"]
 
 # node.meta entries shown as op attributes (set by SuperKernelScopePass)
-META_ATTRS = ("_super_kernel_scope", "_super_kernel_options")
+SCOPE_KEY = "_super_kernel_scope"  # node.meta keys set by the super_kernel scope pass
+OPTIONS_KEY = "_super_kernel_options"
+META_ATTRS = (SCOPE_KEY, OPTIONS_KEY)
 
 
 @dataclasses.dataclass

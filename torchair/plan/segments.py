@@ -24,8 +24,8 @@ import torch.fx as fx
 
 from torchair.ops._registry import get_value_dependent
 from torchair.plan.analysis import HOST_SYNC_OPS
+from torchair.plan.ir import SCOPE_KEY
 
-SCOPE_KEY = "_super_kernel_scope"
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
 
