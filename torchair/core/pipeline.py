@@ -195,13 +195,15 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
                                      (len(program),), "int64", device=str(device)))
     report.dumps += _dump(gm, dump_inputs, "optimized", config, report.graph_id, notes)
     borrowed = {i.index for i in inputs if i.kind == "parameter"} | _static_input_indices()
-    recorder.record("static", gm, report, kept=kept, program=program, engine=engine,
-                    capture=capture, borrowed=borrowed, mutated={i.index for i in inputs
-                                                                 if i.mutated}, names=names)
-    return units.StaticUnit(gm, kept_inputs=kept, program=program, engine=engine,
-                            capture=capture, borrowed=borrowed,
-                            mutated={i.index for i in inputs if i.mutated}, names=names,
+    mutated = {i.index for i in inputs if i.mutated}
+    rec = recorder.record("static", gm, report, kept=kept, program=program, engine=engine,
+                          capture=capture, borrowed=borrowed, mutated=mutated, names=names)
+    unit = units.StaticUnit(gm, kept_inputs=kept, program=program, engine=engine,
+                            capture=capture, borrowed=borrowed, mutated=mutated, names=names,
                             report=report, pool=pool)
+    if rec is not None:
+        rec.launch_unit = unit
+    return unit
 
 
 def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: CompilerConfig,

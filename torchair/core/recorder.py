@@ -25,6 +25,7 @@ class GraphRecord:
     unit: dict[str, Any]  # the launch unit's constructor arguments
     fw_metadata: Any = None
     outputs: list | None = None  # the first call's outputs (the objects returned to AOT)
+    launch_unit: Any = None  # the unit built from ``unit`` (a static unit's files, once built)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """Inference features: dynamic gears (``set_dim_gears``) and the compile cache
-(``cache_compile``, ``readable_cache``)."""
+(``cache_compile``, ``readable_cache``, ``mark_static``)."""
 from __future__ import annotations
 
 from torchair.inference.gears import get_dim_gears, set_dim_gears
@@ -7,11 +7,11 @@ from torchair.inference.gears import get_dim_gears, set_dim_gears
 
 def __getattr__(name: str):
     # cache_compile imports the backend, which imports this package: load it on first use
-    if name in ("cache_compile", "readable_cache", "CachedFunction"):
+    if name in ("cache_compile", "readable_cache", "mark_static", "CachedFunction"):
         from torchair.inference import cache
 
         return getattr(cache, name)
     raise AttributeError(f"module 'torchair.inference' has no attribute {name!r}")
 
 
-__all__ = ["cache_compile", "get_dim_gears", "readable_cache", "set_dim_gears"]
+__all__ = ["cache_compile", "get_dim_gears", "mark_static", "readable_cache", "set_dim_gears"]

@@ -6,8 +6,10 @@ the same key (:mod:`torchair.inference._cache_key`) loads the entry and calls th
 directly: no Dynamo tracing and no guard evaluation. Instead of guards, every warm call is
 checked against the call signature the graph was compiled for (tensor shapes / dtypes /
 devices, constant arguments); a call that does not fit is compiled with Dynamo (warning once),
-never run on the cached graph. With ``ge_cache=True`` Inductor's artifacts live in the entry's
-directory too, so a warm start also skips code generation and compilation.
+never run on the cached graph. With ``ge_cache=True`` the build is cached too: a static launch
+unit is compiled ahead of time (AOTInductor) into a shared library that the entry keeps, and a warm
+start runs it through PyTorch's C++ runner (no Inductor import, no code generation, no compiler);
+other Inductor builds keep Inductor's own cache in the entry's directory.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import functools
 import inspect
 import json
 import os
+import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -24,7 +27,6 @@ import torch.utils._pytree as pytree
 
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core import recorder
-from torchair.core.backend import get_npu_backend
 from torchair.core.utils import logger
 from torchair.inference import _cache_key as keys
 from torchair.inference import _cache_store as store
@@ -34,7 +36,7 @@ from torchair.inference._cache_io import (NotCacheable, accessor, build_output, 
 from torchair.inference._graph_io import (UnserializableGraph, graph_code, graph_from_json,
                                           graph_to_json)
 from torchair.plan.report import GraphReport, add_report, next_graph_id
-from torchair.runtime import units
+from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
 
 FORMAT = 1
@@ -70,6 +72,31 @@ def cache_compile(func: Callable, *, config: CompilerConfig | None = None, dynam
     return CachedFunction(func, (config or CompilerConfig()).copy(), dynamic, cache_dir,
                           keys.rank_dir(global_rank, tp_rank, pp_rank), custom_decompositions,
                           ge_cache, kwargs)
+
+
+_STATIC_MARK = "_torchair_static"
+
+
+def mark_static(*tensors: torch.Tensor) -> None:
+    """``torch._dynamo.mark_static`` for the arguments of a ``cache_compile`` function, without
+    importing Dynamo (about 1.5 s of a warm start, which never traces).
+
+    The marks are applied with Dynamo's ``mark_static`` when the function is traced (the cold
+    start, or a call that does not fit the cached graph). With plain ``torch.compile`` use
+    ``torch._dynamo.mark_static``; if Dynamo is already imported this calls it right away too."""
+    dynamo = sys.modules.get("torch._dynamo")
+    for k, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"mark_static: argument {k} is {type(t).__name__}, expected a tensor")
+        setattr(t, _STATIC_MARK, True)
+        if dynamo is not None:
+            dynamo.mark_static(t)
+
+
+def _apply_static_marks(args: tuple, kwargs: dict) -> None:
+    for leaf in pytree.tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and getattr(leaf, _STATIC_MARK, False):
+            torch._dynamo.mark_static(leaf)
 
 
 def _check_func(func: Any) -> None:
@@ -112,6 +139,7 @@ class CachedFunction:
                 return runtime(flat)
             self._warn_once(why, f"cache_compile({self.name}): this call does not fit the cached "
                                  f"graph ({why}); compiling it with Dynamo")
+            _apply_static_marks(args, kwargs)
             return self._dynamo()(*args, **kwargs)
         if self.compiled is not None:
             return self.compiled(*args, **kwargs)
@@ -132,6 +160,8 @@ class CachedFunction:
 
     def _dynamo(self) -> Callable:
         if self.compiled is None:
+            from torchair.core.backend import get_npu_backend
+
             backend = get_npu_backend(compiler_config=self.config,
                                       custom_decompositions=self.decompositions)
             self.compiled = torch.compile(self.func, backend=backend, dynamic=self.dynamic,
@@ -167,8 +197,7 @@ class CachedFunction:
                                self.name, self.entry, stale)
                 store.discard_entry(self.entry)
                 return None
-            with self._engine_cache():
-                runtime = _Runtime.load(meta, files)
+            runtime = _Runtime.load(meta, files, self.entry)
         except store.BrokenCacheError as error:
             logger.warning("cache_compile(%s): broken cache %s (%s): rebuilding", self.name,
                            self.entry, error)
@@ -182,17 +211,19 @@ class CachedFunction:
         logger.info("cache_compile(%s): loaded %s (no Dynamo trace, no guards)", self.name,
                     self.entry)
         self.vec_isa = runtime.meta.get("vec_isa")
-        runtime.first_call_context = self._engine_cache
+        if not runtime.meta["unit"].get("library"):  # Inductor builds again (from its cache)
+            runtime.first_call_context = self._engine_cache
         return runtime
 
     # ------------------------------------------------------------------ cold
     def _cold(self, args: tuple, kwargs: dict, parts: dict) -> Any:
         state = _ColdState()
+        _apply_static_marks(args, kwargs)
         backend = _recording_backend(self, state)
         self.compiled = torch.compile(self.func, backend=backend, dynamic=self.dynamic,
                                       fullgraph=True, **self.compile_kwargs)
         try:
-            with recorder.recording() as records, self._engine_cache():
+            with recorder.recording() as records, self._engine_cache(ahead_of_time=True):
                 state.records = records
                 result = self.compiled(*args, **kwargs)
         except torch._dynamo.exc.Unsupported as error:
@@ -207,6 +238,7 @@ class CachedFunction:
             raise
         try:
             files = self._payload(state, parts, self._frame(args, kwargs), result)
+            files.update(self._library(state))
             published = store.write_entry(self.entry, files)
             logger.info("cache_compile(%s): %s %s", self.name,
                         "saved" if published else "another process saved", self.entry)
@@ -216,7 +248,25 @@ class CachedFunction:
         finally:
             for rec in state.records:
                 rec.outputs = []  # release the first call's outputs (kept only to map them)
+                built = getattr(rec.launch_unit, "files", {})
+                for path in built.values():
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)  # the entry holds its own copy
+                if built:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(os.path.dirname(next(iter(built.values()))))
         return result
+
+    @staticmethod
+    def _library(state: _ColdState) -> dict[str, bytes]:
+        """The static unit's ahead-of-time library (ge_cache), as entry files."""
+        unit = state.records[0].launch_unit if len(state.records) == 1 else None
+        built = getattr(unit, "files", {})
+        out = {}
+        for name, path in built.items():
+            with open(path, "rb") as f:
+                out[name] = f.read()
+        return out
 
     def _payload(self, state: _ColdState, parts: dict, frame: dict, result: Any) -> dict:
         if state.compiles != 1 or len(state.records) != 1:
@@ -246,7 +296,9 @@ class CachedFunction:
         unit = {"kind": rec.kind}
         if rec.kind == "static":
             u = rec.unit
+            library = engines.LIBRARY in getattr(rec.launch_unit, "files", {})
             unit.update(kept=list(u["kept"]), engine=u["engine"], capture=u["capture"],
+                        library=library,
                         borrowed=sorted(u["borrowed"]), mutated=sorted(u["mutated"]),
                         names=list(u["names"]))
             if u["program"] is not None:
@@ -275,8 +327,10 @@ class CachedFunction:
         return files
 
     @contextlib.contextmanager
-    def _engine_cache(self) -> Iterator[None]:
-        """With ge_cache, Inductor's artifacts go to (and come from) the entry's directory."""
+    def _engine_cache(self, ahead_of_time: bool = False) -> Iterator[None]:
+        """With ge_cache, Inductor's artifacts go to (and come from) the entry's directory; with
+        ``ahead_of_time`` (the cold start) static units are built into a shared library that the
+        entry keeps, so a warm start loads it without Inductor."""
         if not self.ge_cache or self.entry is None:
             yield
             return
@@ -291,7 +345,9 @@ class CachedFunction:
                 from torch._inductor import cpu_vec_isa
 
                 self.vec_isa = str(cpu_vec_isa.pick_vec_isa())
-            with inductor_config.patch(fx_graph_cache=True), _known_vec_isa(self.vec_isa):
+            aot = (engines.ahead_of_time(directory / "aot") if ahead_of_time
+                   else contextlib.nullcontext())
+            with inductor_config.patch(fx_graph_cache=True), _known_vec_isa(self.vec_isa), aot:
                 yield
         finally:
             if old is None:
@@ -334,6 +390,8 @@ class _ColdState:
 
 
 def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
+    from torchair.core.backend import get_npu_backend
+
     inner = get_npu_backend(compiler_config=owner.config,
                             custom_decompositions=owner.decompositions)
 
@@ -472,7 +530,7 @@ class _Runtime:
         self.first_call_context: Callable | None = None
 
     @classmethod
-    def load(cls, meta: dict, files: dict) -> _Runtime:
+    def load(cls, meta: dict, files: dict, entry: Any) -> _Runtime:
         tensors = store.load_tensors(files["constants.pt"]) if "constants.pt" in files else {}
         gm = graph_from_json(json.loads(files["graph.json"]), tensors)
         inputs = [info_from_json(i) for i in meta["inputs"]]
@@ -492,10 +550,15 @@ class _Runtime:
             if u["capture"] == "cuda" and not torch.cuda.is_available():
                 raise NotCacheable("the entry replays a CUDA graph but CUDA is not available")
             report.launch = saved["launch"] + " (from cache_compile)"
+            library = None
+            if u.get("library"):
+                if engines.LIBRARY not in files:
+                    raise NotCacheable(f"the entry's {engines.LIBRARY} is missing")
+                library = str(entry / engines.LIBRARY)  # read_entry verified its sha256
             unit = units.StaticUnit(gm, kept_inputs=u["kept"], program=program,
                                     engine=u["engine"], capture=u["capture"],
                                     borrowed=set(u["borrowed"]), mutated=set(u["mutated"]),
-                                    names=u["names"], report=report)
+                                    names=u["names"], report=report, library=library)
         else:
             report.launch = "host-scheduled, shape-generic (from cache_compile)"
             report.engine = "fx"
@@ -580,6 +643,11 @@ def readable_cache(cache_bin: str | os.PathLike, print_output: bool = True,
     unit = meta["unit"]
     lines.append(f"  launch unit: {unit['kind']}, {meta['report']['launch']}"
                  + (f", engine {unit.get('engine')}" if unit.get("engine") else ""))
+    if unit.get("library"):
+        lines.append(f"  built: {engines.LIBRARY} ({len(files[engines.LIBRARY])} bytes, "
+                     f"AOTInductor shared library"
+                     + (f"; custom-op calls in {engines.LIBRARY_OPS})" if engines.LIBRARY_OPS
+                        in files else ")"))
     lines.append("  code:")
     lines += ["    " + line for line in files["code.py"].decode().splitlines()]
     text = "\n".join(lines) + "\n"

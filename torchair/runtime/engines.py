@@ -4,12 +4,22 @@
 - Inductor engine: generated kernels, compiled for the shapes of the example inputs: real tensors
   for a static launch unit (fixed shapes, compiled at its first call), AOT's fake tensors and
   SymInts for a dynamic build (shape-generic, compiled inside AOT's tracing context).
+- Ahead-of-time Inductor engine (static units inside ``ahead_of_time(directory)``, used by
+  ``cache_compile(ge_cache=True)``): the same kernels plus a C++ wrapper linked into one shared
+  library (AOTInductor) saved in ``directory``. :func:`load_library` runs such a library in a later
+  process through PyTorch's C++ runner: no Inductor import, no code generation, no compiler.
 If Inductor fails, the FX engine takes over with a warning naming the error.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
-from typing import Any, Callable, Sequence
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.fx as fx
@@ -17,6 +27,13 @@ import torch.fx as fx
 from torchair.core.utils import logger, progress
 
 Engine = Callable[[list], Sequence[Any]]
+
+LIBRARY = "unit.so"  # the ahead-of-time library of a static unit
+LIBRARY_OPS = "unit.json"  # its custom-op calls (read by PyTorch's runner next to the library)
+AOT_ENGINE = "inductor-aot"
+
+_aot_dir: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchair_aot_dir",
+                                                                     default=None)
 
 
 def fx_engine(gm: fx.GraphModule) -> Engine:
@@ -67,3 +84,87 @@ def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
                        "engine instead", what, type(exc).__name__, exc)
         return fx_engine(gm), "fx"
     return (lambda args: compiled(*args)), "inductor"  # compile_fx returns an unboxed callable
+
+
+@contextlib.contextmanager
+def ahead_of_time(directory: str | os.PathLike) -> Iterator[None]:
+    """Static units built inside this block compile with AOTInductor into ``directory``."""
+    token = _aot_dir.set(os.fspath(directory))
+    try:
+        yield
+    finally:
+        _aot_dir.reset(token)
+
+
+def aot_directory() -> str | None:
+    return _aot_dir.get()
+
+
+def _tuple_output(gm: fx.GraphModule) -> fx.GraphModule:
+    """AOTInductor wants the graph to return a tuple (ours may return a list)."""
+    output = next(iter(reversed(gm.graph.nodes)))
+    if not isinstance(output.args[0], tuple):
+        value = output.args[0]
+        output.args = (tuple(value) if isinstance(value, list) else (value,),)
+        gm.recompile()
+    return gm
+
+
+def aot_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, directory: str
+               ) -> tuple[Engine, str, dict[str, str]]:
+    """Compile ``gm`` for ``example_inputs`` (real tensors) into a shared library in ``directory``.
+
+    Returns (engine, engine name, {file name: path}) with the library and, when the graph calls
+    custom ops, the JSON that tells PyTorch's runner how to call them. A unit whose inputs are not
+    all tensors, or a failed build, falls back to :func:`inductor_engine` (files: {})."""
+    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
+        logger.info("%s: not built ahead of time (a non-tensor input); compiling in-process", what)
+        engine, name = inductor_engine(gm, example_inputs, what)
+        return engine, name, {}
+    from torch._inductor import aot_compile
+
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    out = tempfile.mkdtemp(dir=directory, prefix="unit-")  # this unit's files (the caller keeps)
+    try:
+        with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
+            library = os.path.join(tmp, LIBRARY)
+            with progress(f"{what}: compiling a shared library with AOTInductor"):
+                aot_compile(_tuple_output(_fresh_copy(gm)), tuple(example_inputs),
+                            options={"aot_inductor.output_path": library})
+            files = {LIBRARY: os.path.join(out, LIBRARY)}
+            shutil.move(library, files[LIBRARY])
+            calls = sorted(pathlib.Path(tmp).glob("*.wrapper.json"))
+            if calls:
+                files[LIBRARY_OPS] = os.path.join(out, LIBRARY_OPS)
+                shutil.move(os.fspath(calls[0]), files[LIBRARY_OPS])
+        engine = load_library(files[LIBRARY], _device(example_inputs))
+    except Exception as exc:  # noqa: BLE001 - any AOT failure: the in-process Inductor build
+        shutil.rmtree(out, ignore_errors=True)
+        logger.warning("%s: AOTInductor could not build the graph (%s: %s); compiling it "
+                       "in-process instead (a warm start will compile again)", what,
+                       type(exc).__name__, exc)
+        engine, name = inductor_engine(gm, example_inputs, what)
+        return engine, name, {}
+    return engine, AOT_ENGINE, files
+
+
+def load_library(path: str | os.PathLike, device: str) -> Engine:
+    """Run a library built by :func:`aot_engine` on ``device`` ("cpu", "cuda:0", ...); its
+    ``unit.json`` (custom-op calls), if any, must sit next to it."""
+    path, kind = os.fspath(path), torch.device(device).type
+    if kind == "cuda":
+        runner = torch._C._aoti.AOTIModelContainerRunnerCuda(path, 1, str(torch.device(device)))
+    elif kind == "cpu":
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(path, 1)
+    else:
+        raise ValueError(f"load_library: no ahead-of-time runner for device {device!r}")
+
+    def run(args: list) -> Sequence[Any]:
+        return runner.run(args)
+
+    return run
+
+
+def _device(args: Sequence[Any]) -> str:
+    devices = [a.device for a in args if isinstance(a, torch.Tensor)]
+    return str(next((d for d in devices if d.type != "cpu"), torch.device("cpu")))

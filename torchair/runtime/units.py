@@ -20,6 +20,7 @@ from torchair.core.utils import logger
 from torchair.plan.report import GraphReport
 from torchair.plan.sink import HostScalarProgram
 from torchair.runtime import capture as _capture
+from torchair.runtime import engines as _engines
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.staging import InputStager, SunkScalars
 
@@ -75,8 +76,12 @@ class StaticUnit:
     def __init__(self, gm: fx.GraphModule, *, kept_inputs: Sequence[int],
                  program: HostScalarProgram | None, engine: str, capture: str | None,
                  borrowed: set[int], mutated: set[int], names: Sequence[str],
-                 report: GraphReport, pool: Any = None) -> None:
+                 report: GraphReport, pool: Any = None, library: str | None = None) -> None:
         self.gm = gm
+        # ahead-of-time build: ``library`` (a warm cache entry's) is loaded instead of compiling;
+        # a unit built inside ``engines.ahead_of_time`` keeps its files here (name -> path)
+        self.library = library
+        self.files: dict[str, str] = {}
         self.pool = pool  # CUDA graph memory pool shared with other units (gears); None: own
         self.kept = tuple(kept_inputs)
         self.program = program
@@ -106,10 +111,18 @@ class StaticUnit:
         if self.program is not None and self.sunk is None:
             self.sunk = SunkScalars(self.program, _device_of(unit_args))
             unit_args.append(self.sunk.stage(args))
-        if self.engine_name == "inductor":
+        if self.library is not None:
+            engine = _engines.load_library(self.library, str(_device_of(unit_args)))
+            self.engine_name = _engines.AOT_ENGINE
+        elif self.engine_name in ("inductor", _engines.AOT_ENGINE):
             # AOT's runtime may have a dispatch mode active on this call; compile outside it
+            directory = _engines.aot_directory()
             with _disable_current_modes():
-                engine, self.engine_name = inductor_engine(self.gm, unit_args, what)
+                if directory is None:
+                    engine, self.engine_name = inductor_engine(self.gm, unit_args, what)
+                else:
+                    engine, self.engine_name, self.files = _engines.aot_engine(
+                        self.gm, unit_args, what, directory)
         else:
             engine = fx_engine(self.gm)
         if self.capture is None:
