@@ -120,6 +120,33 @@ def test_reference_matches_numpy_formula(case, left):
     torch.testing.assert_close(scale, es, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_float_x_with_weight_and_activation_scales(dtype, dynamic, per_token):
+    """Float x (e.g. npu_quant_matmul's bf16 output, as in seed 004) with the dequant scales:
+    weight_scale [2H], or x's own shape [T, 2H] (a row per token); reference vs the float64
+    formula, and the fast CPU kernel vs the reference."""
+    t, h = 6, 20
+    x, kw = _inputs(t=t, h=h, dtype=dtype, dynamic=dynamic, seed=3)
+    g = torch.Generator().manual_seed(9)
+    ws = torch.rand(t, 2 * h, generator=g) + 0.5 if per_token else torch.rand(2 * h, generator=g)
+    kw.update(weight_scale=ws, activation_scale=torch.rand(t, generator=g) + 0.5)
+    y, scale = dequant_swiglu_quant_reference(x, **kw)
+    per_row = ws if per_token else ws.expand(t, 2 * h)
+    ey, es = _numpy_oracle((x.double() * per_row.double()), None, kw["activation_scale"], None,
+                           kw.get("quant_scale"), None, False, dynamic)
+    _check_close_int8(y, ey)
+    torch.testing.assert_close(scale, es, rtol=1e-5, atol=0)
+    fy, fs = OP(x, **kw)  # eager on CPU: the chunked kernel
+    assert torch.equal(fy, y) and torch.equal(fs, scale)
+    if per_token:  # the per-token rows really are per token: another row changes its output
+        other = ws.clone()
+        other[2] *= 3
+        y2, _ = OP(x, **{**kw, "weight_scale": other})
+        assert torch.equal(y2[[0, 1, 3, 4, 5]], y[[0, 1, 3, 4, 5]]) and not torch.equal(y2[2], y[2])
+
+
 def test_activate_left_false_activates_the_right_half():
     x = torch.tensor([[2.0, -1.0]], dtype=torch.bfloat16)  # a = 2, b = -1
     y_right, _ = OP(x, quant_scale=torch.tensor([0.01]))  # silu(-1) * 2
@@ -223,8 +250,10 @@ ERRORS = [  # (overrides of a valid call, exception, match)
     ({"quant_offset": torch.ones(4)}, ValueError, "quant_offset is only used by static"),
     ({"quant_mode": 0, "quant_offset": torch.ones(3)}, ValueError,
      "quant_offset must have shape"),
-    ({"x": torch.zeros(4, 8, dtype=torch.bfloat16)}, ValueError,
-     "weight_scale applies to int32 x only"),
+    ({"x": torch.zeros(4, 8, dtype=torch.bfloat16), "bias": torch.ones(8)}, ValueError,
+     "bias applies to int32 x only"),
+    ({"x": torch.zeros(4, 8, dtype=torch.bfloat16), "weight_scale": torch.ones(3, 8)},
+     ValueError, "weight_scale must have shape"),
     ({"group_index": torch.tensor([2, 2]), "quant_mode": 0, "quant_scale": None}, ValueError,
      "group_index needs quant_mode=1"),
     ({"group_index": torch.tensor([2.0])}, ValueError, "group_index must be"),

@@ -108,7 +108,7 @@ def _swiglu_case(t, h, dtype=torch.int32, bias=None, dynamic=True, per_h=True, o
                  groups=None, left=False, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     kw = {"quant_mode": int(dynamic), "activate_left": left}
-    n_g = len(groups) if groups is not None else 1
+    n_g = len(groups) if isinstance(groups, list) else 1
     if dtype == torch.int32:
         x = torch.randint(-3000, 3000, (t, 2 * h), generator=g, dtype=torch.int32)
         kw["weight_scale"] = (torch.rand(n_g, 2 * h, generator=g) * 2e-3 + 1e-4)
@@ -125,7 +125,10 @@ def _swiglu_case(t, h, dtype=torch.int32, bias=None, dynamic=True, per_h=True, o
         kw["quant_scale"] = torch.rand(h if per_h else 1, generator=g) * 0.02 + 0.005
         if offset:
             kw["quant_offset"] = torch.randn(h if per_h else 1, generator=g) * 3
-    if groups is not None:
+    if groups == "per_token":  # float x with x-shaped weight_scale: a scale row per token
+        kw["weight_scale"] = torch.rand(t, 2 * h, generator=g) + 0.5
+        kw["activation_scale"] = torch.rand(t, generator=g) + 0.5
+    elif groups is not None:
         kw["group_index"] = torch.tensor(groups)
     kw = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     return x.to(device), kw
@@ -147,6 +150,8 @@ SWIGLU_CASES = [  # (t, h, dtype, bias, dynamic, per_h, offset, groups, left)
     (6, 16, torch.int32, None, True, False, False, [2, 0, 3], True),
     (4, 20, torch.bfloat16, None, True, True, False, None, False),
     (3, 16, torch.float16, None, False, True, False, None, True),
+    (5, 16, torch.bfloat16, None, False, True, False, "per_token", False),
+    (4, 20, torch.float16, None, True, True, False, "per_token", True),
 ]
 
 

@@ -3,8 +3,8 @@
 For every token row ``t`` of ``x [..., 2H]`` (``T`` rows), in float32::
 
     d      = float32(x[t] + bias)                      int32 bias: added to the int32 x first
-    d      = d * weight_scale[g]                       [2H] per column (x int32 only)
-    d      = d * activation_scale[t]                   per token (x int32 only, optional)
+    d      = d * weight_scale[g]                       [2H] per column (or [T, 2H]: row t)
+    d      = d * activation_scale[t]                   per token (optional)
     d      = d + bias                                  float32 / float16 / bfloat16 bias
     a, b   = d[:H], d[H:]
     out    = silu(a) * b   if activate_left            silu(z) = z / (1 + exp(-z))
@@ -33,8 +33,11 @@ before the float conversion, float bias after both scales; static quantization d
 quant_scale and adds quant_offset; dynamic multiplies by quant_scale, takes amax * (1/127) and
 divides; float -> int8 by ``CAST_RINT``, i.e. round half to even).
 
-Float x (float16 / bfloat16) is not dequantized: weight_scale, activation_scale and bias must be
-None. The eager kernel runs Triton on CUDA (when importable), the fast CPU kernel on CPU, and
+Float x (float16 / bfloat16): bias must be None; weight_scale and activation_scale are optional
+and, when given, multiply as above (the Atlas A2 formula ``Dequant(x, weight_scale,
+activation_scale)``; newer Ascend chips refuse them for float x). For float x without group_index,
+weight_scale may also have x's full shape ``[..., 2H]`` (one scale row per token, as seed 004's
+SuperKernel example passes it): each row then acts as its own group. The eager kernel runs Triton on CUDA (when importable), the fast CPU kernel on CPU, and
 :func:`dequant_swiglu_quant_reference` elsewhere; none reads tensor values on the host.
 """
 from __future__ import annotations
@@ -151,17 +154,16 @@ def check_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, b
                              f"quant_mode={quant_mode}")
         groups = group_index.numel()
     if x.dtype != torch.int32:
-        for name, value in (("weight_scale", weight_scale), ("activation_scale", activation_scale),
-                            ("bias", bias)):
-            if value is not None:
-                raise ValueError(f"{_OP}: {name} applies to int32 x only (dequantization); x is "
-                                 f"{x.dtype}. Drop {name} or pass the int32 accumulator")
+        if bias is not None:
+            raise ValueError(f"{_OP}: bias applies to int32 x only (the matmul accumulator); x "
+                             f"is {x.dtype}. Drop bias or pass the int32 accumulator")
     elif weight_scale is None:
         raise ValueError(f"{_OP}: x is int32, so weight_scale (float32 [2H] = [{width}], or "
                          f"[G, 2H] with group_index) is required to dequantize it")
     if weight_scale is not None:
         _check_dtype("weight_scale", weight_scale, (torch.float32,))
-        _rows_of("weight_scale", weight_scale, groups, width, False)
+        if not _per_token_scale(x, weight_scale, group_index):
+            _rows_of("weight_scale", weight_scale, groups, width, False)
     if activation_scale is not None:
         _check_dtype("activation_scale", activation_scale, (torch.float32,))
         if tuple(activation_scale.shape) not in (lead, lead + (1,)):
@@ -181,6 +183,12 @@ def check_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, b
                              "(quant_mode=0); drop it with quant_mode=1")
         _check_dtype("quant_offset", quant_offset, _QUANT_DTYPES)
         _rows_of("quant_offset", quant_offset, 1, h, True)
+
+
+def _per_token_scale(x, weight_scale, group_index) -> bool:
+    """Float x's weight_scale of x's own (multi-row) shape: one scale row per token."""
+    return (x.dtype != torch.int32 and group_index is None and x.dim() >= 2
+            and x.numel() // x.shape[-1] > 1 and tuple(weight_scale.shape) == tuple(x.shape))
 
 
 def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None, bias=None,
@@ -205,7 +213,11 @@ def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None,
         positions = torch.arange(tokens, device=x.device)
         row_group = torch.searchsorted(ends, positions, right=True)  # == groups: past the end
     ws = None
-    if weight_scale is not None:
+    if weight_scale is not None and _per_token_scale(x, weight_scale, group_index):
+        # one row per token: every row is its own group (kernels index scales by row_group)
+        groups, row_group = tokens, torch.arange(tokens, device=x.device)
+        ws = weight_scale.float().reshape(tokens, width)
+    elif weight_scale is not None:
         ws = _rows_of("weight_scale", weight_scale.float(), groups, width, False)
     act = None
     if activation_scale is not None:
@@ -219,7 +231,10 @@ def prepare_dequant_swiglu_quant(x, *, weight_scale=None, activation_scale=None,
             float_bias = bias.float()
     qs = qo = None
     if quant_scale is not None:
-        qs = _rows_of("quant_scale", quant_scale.float(), groups, h, True)
+        qs = _rows_of("quant_scale", quant_scale.float(), 1 if group_index is None else groups,
+                      h, True)
+        if group_index is None and groups > 1:  # per-token weight_scale: the same row each
+            qs = qs.expand(groups, qs.shape[1])
         if not dynamic and qs.shape[1] == 1:  # one static scale: 0 counts as 1 (as on Ascend)
             qs = torch.where(qs == 0, 1.0, qs)
     if quant_offset is not None:
@@ -287,6 +302,7 @@ def dequant_swiglu_quant_reference(
         int32 ``[..., 2H]`` (a quantized matmul's accumulator) or float16 / bfloat16.
     weight_scale
         float32 ``[2H]`` / ``[1, 2H]``, or ``[G, 2H]`` with group_index; required for int32 x.
+        For float x also x's own shape ``[..., 2H]`` (one row per token).
     activation_scale
         float32 ``[...]`` or ``[..., 1]``: one value per token; optional.
     bias

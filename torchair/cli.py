@@ -1,0 +1,68 @@
+"""The ``torchair`` command.
+
+    torchair run [--device cpu|cuda] script.py [args...]   # an Ascend script, unchanged
+    torchair demo [...]                                    # see ``torchair demo --help``
+
+``python -m torchair ...`` is the same command.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    parser = argparse.ArgumentParser(
+        prog="torchair", description="TorchAir's torch.compile backend for CPU and CUDA.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run", help="run a script written for Ascend (torch_npu + TorchAir) on CPU or CUDA",
+        description="Run SCRIPT as __main__ with torch_npu emulated by torchair: torch_npu.npu_* "
+                    "are torchair's ops, .npu() moves to the chosen device.")
+    run.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                     help="the device that plays the NPU (default: cuda when available, else cpu)")
+    run.add_argument("script", help="path of the Python script")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    commands.add_parser("demo", add_help=False, help="torchair's demo (arguments go to it; "
+                        "see torchair demo --help)")
+    return parser, run
+
+
+def _demo(argv: list[str]) -> int:
+    try:
+        from torchair import demo
+    except ModuleNotFoundError as err:
+        if err.name not in ("torchair.demo", "torchair"):
+            raise
+        print("torchair demo: error: torchair.demo is not part of this installation",
+              file=sys.stderr)
+        return 2
+    return demo.main(argv) or 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``torchair`` / ``python -m torchair``; returns the exit code.
+
+    Argument errors (unknown command, missing script) exit with code 2; an exception raised by
+    the script propagates, as it would under ``python script.py``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # everything after "demo" belongs to the demo's own parser
+        return _demo(argv[1:])
+    parser, run = _parser()
+    ns = parser.parse_args(argv)
+    if not os.path.isfile(ns.script):
+        run.error(f"cannot run {ns.script!r}: no such file")
+    if ns.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            run.error("--device cuda: CUDA is not available here; use --device cpu")
+    from torchair.compat import run_script
+
+    run_script(ns.script, ns.args, device=ns.device)
+    return 0
