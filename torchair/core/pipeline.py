@@ -23,7 +23,7 @@ from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.plan.segments import plan_segments
 from torchair.plan.sink import SUNK_INPUT_NAME, sink_scalars
 from torchair.plan.specialize import gear_inputs, gear_symbols, specialize
-from torchair.runtime import units
+from torchair.runtime import segmented, units
 from torchair.runtime.engines import fx_engine, inductor_engine
 from torchair.runtime.gears import GearUnit
 
@@ -77,10 +77,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
         reasons=analysis.reasons, consts=_consts(analysis), passes=fired, dumps=dumps,
         patterns=_patterns_fired(passes), scopes=_scopes(passes),
         segments=_segments(gm, inputs, config))
-    if analysis.build_static:
+    unit = _segmented_unit(gm, analysis, inputs, config, report)  # None: no segments to launch
+    if unit is None and analysis.build_static:
         unit = _static_unit(gm, analysis, inputs, config, report)
-    else:
+    elif unit is None:
         unit = _host_unit(gm, example_inputs, config, report)
+    segmented.note_launches(gm, report)
     return _boxed(_publish(report, unit))
 
 
@@ -216,6 +218,26 @@ def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Compil
         engine, report.engine = fx_engine(gm), "fx"
     recorder.record("host", gm, report)
     return units.HostUnit(engine)
+
+
+def _segmented_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo],
+                    config: CompilerConfig, report: GraphReport) -> Callable | None:
+    """A graph with super_kernel segments that is not one launch unit already runs each segment
+    as one launch unit (see :mod:`torchair.runtime.segmented`); None: the usual unit."""
+    device = _device(inputs)
+    plan = segmented.plan_launch(gm, inputs, report, build_static=analysis.build_static,
+                                 host_scalars=bool(analysis.host_scalars),
+                                 capture=units.default_capture(device), device=device)
+    if plan is None:
+        return None
+    report.dumps += _dump(gm, inputs, "optimized", config, report.graph_id, plan.notes)
+    rec = recorder.record("host", gm, report)  # a warm cache start runs it host-scheduled
+    borrowed = {i.index for i in inputs if i.kind == "parameter"} | _static_input_indices()
+    unit = segmented.SegmentedUnit(gm, plan, engine=_engine(config), inputs=inputs,
+                                   borrowed_inputs=borrowed, device=device, report=report)
+    if rec is not None:
+        rec.launch_unit = unit
+    return unit
 
 
 def _static_input_indices() -> set[int]:

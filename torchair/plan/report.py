@@ -32,8 +32,13 @@ class GraphReport:
     passes: dict[str, int] = dataclasses.field(default_factory=dict)  # pass -> rewrites
     patterns: dict[str, int] = dataclasses.field(default_factory=dict)  # fusion pattern -> rewrites
     scopes: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # super_kernel -> ops
-    # super_kernel scope -> {"segments": [[op, ...], ...], "skipped": [[op, reason], ...]}
+    # super_kernel scope -> {"segments": [[op, ...], ...], "skipped": [[op, reason], ...],
+    #                        "launch": [how each segment runs, ...]}
     segments: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # launch units the host issues per step: 1 for one static launch unit; a launch unit per
+    # super_kernel segment plus one per op run op by op (FX engine); None when unknown
+    # (shape-generic Inductor code launches its own kernels)
+    launches_per_step: int | None = None
     dumps: list[str] = dataclasses.field(default_factory=list)
     build_seconds: float | None = None  # filled in when the launch unit is built
 
@@ -76,10 +81,13 @@ class GraphReport:
         lines += [f"  super_kernel scope {k!r}: {', '.join(v) or '(no ops)'}"
                   for k, v in self.scopes.items()]
         for scope, plan in self.segments.items():
-            lines += [f"    segment {i + 1}: {', '.join(seg)}"
-                      for i, seg in enumerate(plan["segments"])]
+            launch = plan.get("launch") or [""] * len(plan["segments"])
+            lines += [f"    segment {i + 1}: {', '.join(seg)}" + (f" -> {how}" if how else "")
+                      for i, (seg, how) in enumerate(zip(plan["segments"], launch))]
             lines += [f"    skipped {name}: {why}" for name, why in plan["skipped"]]
         lines.append(f"  launch: {self.launch} [{self.engine} engine]")
+        if self.launches_per_step is not None:
+            lines.append(f"  launches per step: {self.launches_per_step}")
         if self.build_seconds is not None:
             lines.append(f"  built in {self.build_seconds:.2f} s")
         lines += [f"  why not static: {r}" for r in self.reasons]

@@ -36,3 +36,46 @@ for _op in (_begin, _end, BEGIN, END):
 def is_marker(target) -> bool:
     """True for either marker op (overload or packet)."""
     return target in (BEGIN, END, _begin, _end)
+
+
+# ------------------------------------------------------------------------------ streams
+# ``npu_stream_switch`` and ``npu_wait_tensor`` ride through Dynamo and AOT the same way:
+# ``npu::_stream_switch_begin(str tag, int priority) -> ()`` / ``npu::_stream_switch_end(str tag)``
+# bracket a region, and ``npu::_wait_tensor(Tensor t, Tensor dep) -> ()`` sits between ``t`` and its
+# later consumers with a data edge to ``dep``. SuperKernelScopePass turns them into the node
+# attributes below and erases them.
+
+STREAM_KEY = "_stream_tag"  # node.meta: the tag of the stream the op runs on (absent: main)
+PRIORITY_KEY = "_stream_priority"  # node.meta: that stream's priority
+WAITS_KEY = "_stream_waits"  # node.meta: nodes whose results the op must wait for
+
+
+def _noop_switch_begin(tag: str, priority: int) -> None:
+    return None
+
+
+def _noop_switch_end(tag: str) -> None:
+    return None
+
+
+def _noop_wait(t: torch.Tensor, dep: torch.Tensor) -> None:
+    return None
+
+
+_switch_begin = define_op("_stream_switch_begin(str tag, int priority) -> ()",
+                          fake=_noop_switch_begin, kernel=_noop_switch_begin)
+_switch_end = define_op("_stream_switch_end(str tag) -> ()", fake=_noop_switch_end,
+                        kernel=_noop_switch_end)
+_wait = define_op("_wait_tensor(Tensor t, Tensor dep) -> ()", fake=_noop_wait, kernel=_noop_wait)
+
+STREAM_BEGIN: torch._ops.OpOverload = _switch_begin.default
+STREAM_END: torch._ops.OpOverload = _switch_end.default
+WAIT: torch._ops.OpOverload = _wait.default
+
+for _op in (_switch_begin, _switch_end, _wait, STREAM_BEGIN, STREAM_END, WAIT):
+    torch.fx.node.has_side_effect(_op)
+
+
+def is_stream_marker(target) -> bool:
+    """True for the stream markers (switch begin/end, wait), overload or packet."""
+    return target in (STREAM_BEGIN, STREAM_END, WAIT, _switch_begin, _switch_end, _wait)
