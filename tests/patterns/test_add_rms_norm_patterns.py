@@ -301,3 +301,13 @@ def test_chain_across_a_scope_boundary_is_not_fused():
         return yq, scale, x_out
 
     _check(fn, _inputs(), defaults.SMOOTH, fires=False)
+
+
+def test_chain_across_a_stream_switch_is_not_fused():
+    def fn(x1, x2, gamma, s):
+        with torchair.scope.npu_stream_switch("side"):
+            y, _, x_out = npu.npu_add_rms_norm(x1, x2, gamma)
+        yq, scale = npu.npu_dynamic_quant(y, smooth_scales=s)
+        return yq, scale, x_out
+
+    _check(fn, _inputs(), defaults.SMOOTH, fires=False)

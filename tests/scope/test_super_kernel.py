@@ -250,3 +250,14 @@ def test_py_dump_keeps_scope_attributes(tmp_path):
     assert scopes == [(aten.add.Tensor, None), (aten.mul.Tensor, "sk1"), (aten.sin.default, None),
                       (aten.exp.default, "sk2"), (aten.relu.default, "sk1"),
                       (aten.add.Tensor, "sk1"), (aten.mul.Tensor, "sk1")]
+
+
+def test_txt_dump_shows_stream_attributes(tmp_path):
+    def fn(x):
+        with torchair.scope.npu_stream_switch("s1", 3):
+            y = x.sin()
+        return torchair.scope.npu_wait_tensor(y, x) * 2
+
+    _compile(fn, torch.randn(4), type="txt", path=str(tmp_path))
+    text = _read(tmp_path, "dynamo_optimized_*.txt")
+    assert "aten.sin(arg0_1) {_stream_tag=s1, _stream_priority=3}" in text, text

@@ -15,6 +15,7 @@ import torch
 import torch.fx as fx
 
 from torchair.passes._base import GraphPass
+from torchair.plan.ir import META_ATTRS
 
 aten = torch.ops.aten
 
@@ -113,9 +114,12 @@ class ReinplaceInputsPass(GraphPass):
                 if link.target in _SCATTER_VIEWS:
                     src, rest = args[1], args[2:]
                     view = graph.call_function(_SCATTER_VIEWS[link.target], (base,) + rest)
-                    graph.call_function(aten.copy_.default, (view, src))
+                    new = [view, graph.call_function(aten.copy_.default, (view, src))]
                 else:
-                    graph.call_function(_inplace_twin(link.target), args, dict(link.kwargs))
+                    new = [graph.call_function(_inplace_twin(link.target), args,
+                                               dict(link.kwargs))]
+            for node in new:  # the write stays in the op's super_kernel scope and stream
+                node.meta.update((k, link.meta[k]) for k in META_ATTRS if k in link.meta)
             link.replace_all_uses_with(base)
         graph.erase_node(copy)
         for link in reversed(chain):

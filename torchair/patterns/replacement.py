@@ -213,12 +213,13 @@ def _logged(name: str, check: Callable, replay: Callable, same: Callable) -> Cal
     return run
 
 
-_MARKERS = ("_super_kernel_begin", "_super_kernel_end")
+_MARKERS = ("_super_kernel_begin", "_super_kernel_end", "_stream_switch_begin",
+            "_stream_switch_end")
 
 
 def _within_one_scope(match) -> None:
-    """Refuse a candidate with a ``super_kernel`` scope marker between its nodes: the fused op
-    would belong to no single scope."""
+    """Refuse a candidate with a ``super_kernel`` scope or ``npu_stream_switch`` marker between
+    its nodes: the fused op would belong to no single scope or stream."""
     markers = {getattr(getattr(torch.ops.npu, m, None), "default", None) for m in _MARKERS}
     markers.discard(None)
     if not markers:
@@ -228,7 +229,8 @@ def _within_one_scope(match) -> None:
     last = max(order[n] for n in match.nodes)
     for node in match.graph.nodes:
         if first < order[node] < last and node.op == "call_function" and node.target in markers:
-            raise _Rejected(f"it crosses the super_kernel scope marker `{node.name}`")
+            kind = "stream switch" if "stream" in str(node.target) else "super_kernel scope"
+            raise _Rejected(f"it crosses the {kind} marker `{node.name}`")
 
 
 def _validated(search_fn: Callable, replace_fn: Callable, extra_check: Callable, match) -> bool:

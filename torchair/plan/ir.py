@@ -25,12 +25,14 @@ from torchair.ops._registry import get_value_dependent
 from torchair.plan.inputs import InputInfo, dtype_name, ir_shape, is_symbolic
 
 __all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value", "META_ATTRS", "SCOPE_KEY",
-           "OPTIONS_KEY"]
+           "OPTIONS_KEY", "STREAM_KEY", "PRIORITY_KEY"]
 
 # node.meta entries shown as op attributes (set by SuperKernelScopePass)
 SCOPE_KEY = "_super_kernel_scope"  # node.meta keys set by the super_kernel scope pass
 OPTIONS_KEY = "_super_kernel_options"
-META_ATTRS = (SCOPE_KEY, OPTIONS_KEY)
+STREAM_KEY = "_stream_tag"  # ... and by npu_stream_switch: the op's stream (absent: main)
+PRIORITY_KEY = "_stream_priority"
+META_ATTRS = (SCOPE_KEY, OPTIONS_KEY, STREAM_KEY, PRIORITY_KEY)  # shown in dumps, kept by passes
 
 
 @dataclasses.dataclass

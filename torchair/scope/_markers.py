@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from torchair.ops._registry import define_op
+from torchair.plan.ir import PRIORITY_KEY, STREAM_KEY  # noqa: F401 (re-exported)
 
 
 def _noop_begin(scope: str | None, options: str) -> None:
@@ -45,8 +46,8 @@ def is_marker(target) -> bool:
 # later consumers with a data edge to ``dep``. SuperKernelScopePass turns them into the node
 # attributes below and erases them.
 
-STREAM_KEY = "_stream_tag"  # node.meta: the tag of the stream the op runs on (absent: main)
-PRIORITY_KEY = "_stream_priority"  # node.meta: that stream's priority
+# node.meta keys: STREAM_KEY the tag of the stream the op runs on (absent: main), PRIORITY_KEY
+# that stream's priority (both defined with the other scope attributes in torchair.plan.ir)
 WAITS_KEY = "_stream_waits"  # node.meta: nodes whose results the op must wait for
 
 
