@@ -367,8 +367,9 @@ def test_ge_cache_warm_start_loads_the_library_without_inductor_or_dynamo(tmp_pa
 
             def decode(self, x, k, pos):
                 k.index_copy_(1, pos, x)  # in-place write into the cache argument
-                y = torch.ops.npu.npu_rms_norm(self.l(x), self.g, 1e-6)[0]
-                return y.relu() * 2, k.sum(1)
+                y = torch.ops.npu.npu_rms_norm(self.l(x), self.g, 1e-6)[0]  # lowered, fused
+                _, scale = torch.ops.npu.npu_dynamic_quant(y)  # called from the library
+                return y.relu() * 2, k.sum(1), scale
 
         torch.manual_seed(0)
         m = Step().eval()
@@ -400,7 +401,7 @@ def test_ge_cache_warm_start_loads_the_library_without_inductor_or_dynamo(tmp_pa
     assert warm["sum"] == cold["sum"]  # the same library ran
     (entry,) = _entries(tmp_path / "c")
     names = {p.name for p in entry.parent.iterdir()}
-    assert {"unit.so", "unit.json"} <= names  # the library and its custom-op calls (npu_rms_norm)
+    assert {"unit.so", "unit.json"} <= names  # the library and its custom-op calls (dynamic quant)
     assert oct(os.stat(entry.parent / "unit.so").st_mode & 0o777) == oct(0o600)
     aot = pathlib.Path(f"{entry.parent}.inductor") / "aot"
     assert not any(aot.rglob("*.so")), "build files left behind"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true, sym_eq
 
 from torchair.passes._base import GraphPass
 
@@ -23,8 +24,13 @@ def _val(node):
 
 
 def _same_meta(a, b) -> bool:
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-            and a.dtype == b.dtype and a.device == b.device and a.stride() == b.stride())
+    """Same shape, strides, dtype and device, decided without guarding: sizes that are unknown
+    at compile time (e.g. the unbacked batch dims of gears) count as different unless provably
+    equal, so the op is kept."""
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype and a.device == b.device
+            and statically_known_true(sym_eq(a.shape, b.shape))
+            and statically_known_true(sym_eq(a.stride(), b.stride())))
 
 
 class RemoveNoOpsPass(GraphPass):

@@ -51,6 +51,46 @@ def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
+def _formulas() -> dict:
+    """npu ops whose reference kernel is a plain ATen formula that Inductor can fuse with its
+    neighbours (a custom op stays an opaque call in generated code)."""
+    from torchair.ops import rms_norm as norm
+
+    npu = torch.ops.npu
+    return {npu.npu_rms_norm.default: norm.rms_norm_reference,
+            npu.npu_add_rms_norm.default: norm.add_rms_norm_reference,
+            npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference}
+
+
+def lower_to_formulas(gm: fx.GraphModule) -> int:
+    """Replace, in place, the calls of :func:`_formulas`' ops by their fp32 reference formula,
+    for a fixed-shape Inductor build (the formula's shape checks would guard on symbolic
+    shapes). Returns how many calls were replaced."""
+    table = _formulas()
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in table:
+            if "self" in node.kwargs:  # the schema's name of npu_rms_norm's input
+                kwargs = dict(node.kwargs)
+                node.args = (kwargs.pop("self"), *node.args)
+                node.kwargs = kwargs
+            node.target = table[node.target]
+            count += 1
+    if count:
+        gm.recompile()
+    return count
+
+
+def _for_inductor(gm: fx.GraphModule, static: bool, what: str) -> fx.GraphModule:
+    fresh = _fresh_copy(gm)
+    if static:
+        count = lower_to_formulas(fresh)
+        if count:
+            logger.debug("%s: %d norm op(s) lowered to their formula for Inductor to fuse", what,
+                         count)
+    return fresh
+
+
 def _static_fakes(example_inputs: Sequence[Any]) -> list:
     """Real example inputs as fake tensors of a fresh shape environment (static shapes).
 
@@ -75,7 +115,10 @@ def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
 
     try:
         with progress(f"{what}: compiling with Inductor"):
-            compiled = compile_fx(_fresh_copy(gm), _static_fakes(example_inputs))
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            static = not any(isinstance(x, (FakeTensor, torch.SymInt)) for x in example_inputs)
+            compiled = compile_fx(_for_inductor(gm, static, what), _static_fakes(example_inputs))
     except Exception as exc:  # noqa: BLE001 - any codegen failure falls back to the FX engine
         restart = getattr(torch._dynamo.exc, "RestartAnalysis", ())
         if isinstance(exc, restart) and torch._guards.TracingContext.try_get() is not None:
@@ -129,7 +172,7 @@ def aot_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, dir
         with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
             library = os.path.join(tmp, LIBRARY)
             with progress(f"{what}: compiling a shared library with AOTInductor"):
-                aot_compile(_tuple_output(_fresh_copy(gm)), tuple(example_inputs),
+                aot_compile(_tuple_output(_for_inductor(gm, True, what)), tuple(example_inputs),
                             options={"aot_inductor.output_path": library})
             files = {LIBRARY: os.path.join(out, LIBRARY)}
             shutil.move(library, files[LIBRARY])

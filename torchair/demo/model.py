@@ -1,0 +1,179 @@
+"""The demo's model: a small Llama-style decoder whose decode step uses torchair's npu ops.
+
+Per layer: ``npu_add_rms_norm`` (residual add + RMSNorm in one op) -> q/k/v projections (GQA)
+-> rotary embedding -> the new token's K/V written in place into a *paged* KV cache (block pools
+``[num_blocks, block_size, kv_heads * head_dim]``, slots found through a block table) ->
+``npu_incre_flash_attention`` over the paged cache (``block_table``, ``actual_seq_lengths``) ->
+output projection -> ``npu_add_rms_norm`` -> SwiGLU MLP. A final ``npu_add_rms_norm``, the LM
+head and ``argmax`` give the next token (greedy), inside the step.
+
+Weights are seeded random numbers: nothing is downloaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+import torchair  # noqa: F401  (registers torch.ops.npu.*)
+
+__all__ = ["DemoConfig", "Decoder", "PagedKVCache"]
+
+# A module constant, not a module attribute: Dynamo (dynamic=True) would trace a float attribute
+# as a graph input and then retrace once to specialize it.
+EPS = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """Shape of the demo decoder."""
+
+    layers: int = 4
+    hidden: int = 256
+    heads: int = 8
+    kv_heads: int = 2
+    intermediate: int = 512
+    vocab: int = 512
+    block_size: int = 16
+    max_len: int = 128  # positions the rotary table and the block table cover
+    rope: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_hidden(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def blocks_per_seq(self) -> int:
+        return math.ceil(self.max_len / self.block_size)
+
+    def check(self) -> None:
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"hidden={self.hidden} must be a multiple of heads={self.heads}, "
+                             f"and heads a multiple of kv_heads={self.kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} (hidden / heads) must be even for the "
+                             f"rotary embedding")
+        if self.block_size % 16:
+            raise ValueError(f"block_size={self.block_size} must be a multiple of 16 (page "
+                             f"attention's constraint)")
+
+
+class Layer(torch.nn.Module):
+    def __init__(self, cfg: DemoConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = torch.nn.Parameter(1.0 + 0.1 * torch.randn(cfg.hidden))
+        self.q_proj = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.k_proj = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
+        self.v_proj = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
+        self.o_proj = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.mlp_norm = torch.nn.Parameter(1.0 + 0.1 * torch.randn(cfg.hidden))
+        self.gate_proj = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.up_proj = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
+        self.down_proj = torch.nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+
+    def attention(self, a, cos, sin, slots, block_table, lens, k_pool, v_pool):
+        cfg = self.cfg
+        batch = a.shape[0]
+        q, k, v = self.q_proj(a), self.k_proj(a), self.v_proj(a)
+        if cfg.rope:
+            q = _rotate(q.view(batch, 1, cfg.heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
+            k = _rotate(k.view(batch, 1, cfg.kv_heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
+        # the new token's K/V into its slot of the paged cache, in place
+        k_pool.view(-1, cfg.kv_hidden).index_copy_(0, slots, k.reshape(batch, cfg.kv_hidden))
+        v_pool.view(-1, cfg.kv_hidden).index_copy_(0, slots, v.reshape(batch, cfg.kv_hidden))
+        return torch.ops.npu.npu_incre_flash_attention(
+            q, k_pool, v_pool, actual_seq_lengths=lens, block_table=block_table,
+            block_size=cfg.block_size, num_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+            input_layout="BSH", scale_value=cfg.head_dim ** -0.5)
+
+    def forward(self, residual, delta, cos, sin, slots, block_table, lens, k_pool, v_pool):
+        a, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.attn_norm,
+                                                        EPS)
+        delta = self.o_proj(self.attention(a, cos, sin, slots, block_table, lens, k_pool, v_pool))
+        m, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.mlp_norm,
+                                                        EPS)
+        return residual, self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (rotate-half form) of ``x [B, 1, heads, D]``; cos/sin ``[B, 1, 1, D/2]``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Decoder(torch.nn.Module):
+    """The decode step: ``tokens [B, 1]`` at ``positions [B]`` -> next tokens ``[B, 1]``.
+
+    ``slots [B]`` are the cache rows the new K/V go to (``block * block_size + offset``),
+    ``block_table [B, blocks_per_seq]`` int32, ``lens`` the KV lengths after this token (one
+    value for all sequences, so the list keeps its length across batch gears), ``k_pools`` /
+    ``v_pools`` one paged pool per layer, written in place.
+    """
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        super().__init__()
+        cfg.check()
+        self.cfg = cfg
+        self.embed = torch.nn.Parameter(torch.randn(cfg.vocab, cfg.hidden))
+        self.layers = torch.nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.norm = torch.nn.Parameter(1.0 + 0.1 * torch.randn(cfg.hidden))
+        self.lm_head = torch.nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        freqs = 10000.0 ** (-torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
+        angles = torch.arange(cfg.max_len).float()[:, None] * freqs[None, :]
+        self.register_buffer("cos_table", angles.cos(), persistent=False)
+        self.register_buffer("sin_table", angles.sin(), persistent=False)
+
+    def forward(self, tokens, positions, slots, block_table, lens: list[int],
+                k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> torch.Tensor:
+        batch = tokens.shape[0]
+        residual = F.embedding(tokens, self.embed)  # [B, 1, hidden]
+        delta = torch.zeros_like(residual)
+        cos = self.cos_table[positions].view(batch, 1, 1, -1)
+        sin = self.sin_table[positions].view(batch, 1, 1, -1)
+        for layer, k_pool, v_pool in zip(self.layers, k_pools, v_pools):
+            residual, delta = layer(residual, delta, cos, sin, slots, block_table, lens, k_pool,
+                                    v_pool)
+        h, _, _ = torch.ops.npu.npu_add_rms_norm(residual, delta, self.norm, EPS)
+        return self.lm_head(h).argmax(dim=-1)
+
+
+class PagedKVCache:
+    """Block pools for every layer plus the block table of one batch.
+
+    The pools are allocated once for ``max_batch`` sequences (plus spare blocks) and keep their
+    addresses for the whole run (a static launch unit uses them where they are); each sequence
+    gets ``blocks_per_seq`` blocks in a shuffled order, so the table really is a page table.
+    """
+
+    SPARE_BLOCKS = 2
+
+    def __init__(self, cfg: DemoConfig, max_batch: int, device: torch.device | str,
+                 dtype: torch.dtype, seed: int) -> None:
+        self.cfg = cfg
+        self.num_blocks = max_batch * cfg.blocks_per_seq + self.SPARE_BLOCKS
+        shape = (self.num_blocks, cfg.block_size, cfg.kv_hidden)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        self.generator = torch.Generator().manual_seed(seed)
+        self.device = device
+
+    def reset(self, batch: int) -> torch.Tensor:
+        """Empty the pools (in place) and return a fresh shuffled block table ``[batch, M]``."""
+        for t in self.k + self.v:
+            t.zero_()
+        per_seq = self.cfg.blocks_per_seq
+        order = torch.randperm(self.num_blocks, generator=self.generator)[: batch * per_seq]
+        self.table_cpu = order.reshape(batch, per_seq).to(torch.int64)
+        return self.table_cpu.to(device=self.device, dtype=torch.int32)
+
+    def slots(self, position: int) -> torch.Tensor:
+        """Cache rows of token ``position`` of every sequence (``[B]`` int64, on the device)."""
+        block = self.table_cpu[:, position // self.cfg.block_size]
+        return (block * self.cfg.block_size + position % self.cfg.block_size).to(self.device)
