@@ -7,7 +7,10 @@ per sequence, GQA 8:1 (32 query heads, 4 kv heads, head dim 128), contiguous KV 
 ``B * Nkv * L * D * 2 * itemsize``). Variants, timed in interleaved rounds (``_harness``):
 
 * ``kernel``: ``torchair.ops._decode.decode_attention`` -- the kernel registered for the device
-  (``_decode_cpu`` on CPU; on CUDA the Triton kernel when one is registered, else skipped);
+  (``_decode_cpu`` on CPU, which runs the native C kernel when it is built; on CUDA the Triton
+  kernel when one is registered, else skipped);
+* ``blas`` (CPU): the same entry point with native kernels off (``TORCHAIR_NATIVE_KERNELS=0``):
+  the chunked BLAS path;
 * ``sdpa``: ``F.scaled_dot_product_attention`` with q ``[B, 32, 1, D]``, the same k/v
   (``enable_gqa=True``; else k/v repeated per query head outside the timing) and a boolean
   ``[B, 1, 1, L]`` mask built from the lengths.
@@ -15,6 +18,8 @@ per sequence, GQA 8:1 (32 query heads, 4 kv heads, head dim 128), contiguous KV 
 Before timing, the kernel's output is compared with ``decode_attention_reference`` (on the first
 two sequences: the dense float32 oracle of a B=32, 32k cache would need many GB) and SDPA's output
 with the kernel's. Copy bandwidth: ``dst.copy_(src)`` of a 256 MiB tensor, bytes = 2 x size.
+Read bandwidth: ``src.sum()`` of the same tensor, bytes = size (a decode kernel only reads, and
+on a few CPU cores reading alone is slower than the copy's read + streamed write).
 
     python bench/bench_decode_attention.py --quick       # smoke run, < 60 s on 2 CPU cores
     python bench/bench_decode_attention.py               # full grid, ~6 min on 2 CPU cores
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,11 +41,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H
 
 import torchair.ops  # noqa: F401  (registers the kernels)
-from torchair.ops import _decode
+from torchair.ops import _decode, _decode_native, _native
 
 HEADS, KV_HEADS, DIM = 32, 4, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def read_bandwidth(device: str, mib: int = 256, repeats: int = 10) -> float:
+    """Bytes/s of ``src.sum()`` (read only = size), median of ``repeats``."""
+    sync = H.synchronizer(device)
+    src = torch.ones(mib * 2 ** 20 // 4, device=device)
+    src.sum()
+    times = sorted(H.time_calls(lambda _: src.sum(), range(repeats), sync))
+    return src.numel() * 4 / H.percentile(times, 50)
 
 
 def copy_bandwidth(device: str, mib: int = 256, repeats: int = 10) -> float:
@@ -110,11 +125,21 @@ def run_config(device, dtype, batch, length, rounds, budget_s, gen):
     if has_kernel:
         variants["kernel"] = lambda _: _decode.decode_attention(q, k, v, lengths=lengths,
                                                                 scale=scale)
+    if device == "cpu" and _decode_native.available():
+        def blas(_):
+            os.environ[_native.ENV_DISABLE] = "0"
+            try:
+                return _decode.decode_attention(q, k, v, lengths=lengths, scale=scale)
+            finally:
+                del os.environ[_native.ENV_DISABLE]
+        variants["blas"] = blas
     qs, ks, vs, ms, gqa = _sdpa_inputs(q, k, v, lengths)
     variants["sdpa"] = lambda _: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=ms,
                                                                 scale=scale, enable_gqa=gqa) \
         if gqa else F.scaled_dot_product_attention(qs, ks, vs, attn_mask=ms, scale=scale)
     row["kernel_name"] = getattr(_decode._kernels.get(device), "__name__", None)
+    if device == "cpu":
+        row["native"] = _decode_native.available()
 
     # correctness before timing
     n = min(batch, 2)
@@ -129,10 +154,10 @@ def run_config(device, dtype, batch, length, rounds, budget_s, gen):
         outs[name] = fn(0)
         sync()
         est[name] = time.perf_counter() - t0
-    if has_kernel:
-        err = (outs["kernel"][:n].float() - ref).abs().max().item()
-        row["kernel_max_err"] = err
-        row["kernel_check"] = bool(err <= TOL[dtype] * (1 + ref.abs().max().item()))
+    for name in [v for v in ("kernel", "blas") if v in outs]:
+        err = (outs[name][:n].float() - ref).abs().max().item()
+        row[f"{name}_max_err"] = err
+        row[f"{name}_check"] = bool(err <= TOL[dtype] * (1 + ref.abs().max().item()))
     sdpa_out = outs["sdpa"].reshape(batch, HEADS, DIM)[:n].float()
     row["sdpa_max_err"] = (sdpa_out - ref).abs().max().item()
     del outs
@@ -151,6 +176,8 @@ def run_config(device, dtype, batch, length, rounds, budget_s, gen):
     if has_kernel:
         row["speedup_vs_sdpa"] = stats["sdpa"]["median"] / stats["kernel"]["median"]
         row["paired_speedup_vs_sdpa"] = H.paired_ratios(times["sdpa"], times["kernel"])["median"]
+    if "blas" in variants:
+        row["speedup_vs_blas"] = stats["blas"]["median"] / stats["kernel"]["median"]
     return row
 
 
@@ -208,6 +235,13 @@ def main(argv=None):
         bw = copy_bandwidth(device)
         info["copy_GBps"] = bw / 1e9
         print(f"{device}: copy bandwidth {bw / 1e9:.1f} GB/s (256 MiB dst.copy_(src), 2 x size)")
+        rbw = read_bandwidth(device)
+        info["read_GBps"] = rbw / 1e9
+        print(f"{device}: read bandwidth {rbw / 1e9:.1f} GB/s (256 MiB src.sum(), 1 x size)")
+        if device == "cpu":
+            info["native_decode_kernel"] = _decode_native.available()
+            print(f"{device}: native decode kernel "
+                  f"{'built' if info['native_decode_kernel'] else 'NOT available (BLAS path)'}")
         if device == "cpu":
             info["gemm_GFLOPs"] = gemm_rates(device)
             print(f"{device}: matmul GFLOP/s " + ", ".join(
@@ -223,10 +257,14 @@ def main(argv=None):
                     row = run_config(device, DTYPES[dname], batch, length, args.rounds,
                                      args.budget, gen)
                     row["copy_bw_fraction"] = row.get("kernel_GBps", float("nan")) * 1e9 / bw
+                    row["read_bw_fraction"] = row.get("kernel_GBps", float("nan")) * 1e9 / rbw
                     payload["rows"].append(row)
                     table.append([dname, batch, length, row.get("kernel_ms", float("nan")),
                                   row.get("kernel_GBps", float("nan")), row["copy_bw_fraction"],
+                                  row["read_bw_fraction"],
                                   row.get("kernel_GFLOPs", float("nan")),
+                                  row.get("blas_ms", float("nan")),
+                                  row.get("speedup_vs_blas", float("nan")),
                                   row["sdpa_ms"], row.get("speedup_vs_sdpa", float("nan")),
                                   row.get("paired_speedup_vs_sdpa", float("nan")),
                                   "ok" if row.get("kernel_check") else
@@ -236,8 +274,8 @@ def main(argv=None):
                           f"{row.get('kernel_ms', float('nan')):.2f} ms, sdpa "
                           f"{row['sdpa_ms']:.2f} ms", flush=True)
         print()
-        print(H.format_table(["dtype", "B", "kv_len", "kernel ms", "GB/s", "x copy bw", "GFLOP/s",
-                              "sdpa ms", "vs sdpa", "paired", "check", "rounds"], table))
+        print(H.format_table(["dtype", "B", "kv_len", "kernel ms", "GB/s", "x copy bw",
+                              "x read bw", "GFLOP/s", "blas ms", "vs blas", "sdpa ms", "vs sdpa", "paired", "check", "rounds"], table))
         print()
         if args.profile and device in _decode._kernels:
             for dname in dtypes:

@@ -220,12 +220,16 @@ def summarize_decode_attention(p: Mapping[str, Any]) -> dict[str, Any]:
     for key, rows in groups.items():
         timed = [r for r in rows if r.get("kernel_GBps") is not None]
         vs = [r["speedup_vs_sdpa"] for r in timed if r.get("speedup_vs_sdpa") is not None]
+        vb = [r["speedup_vs_blas"] for r in timed if r.get("speedup_vs_blas") is not None]
         out[key] = {"configs": len(rows),
                     "checks_ok": sum(bool(r.get("kernel_check")) for r in rows),
                     "kernel_GBps_max": max((r["kernel_GBps"] for r in timed), default=None),
                     "copy_bw_fraction_max": max((r.get("copy_bw_fraction", 0) for r in timed),
                                                 default=None),
-                    "speedup_vs_sdpa_range": [min(vs), max(vs)] if vs else None}
+                    "read_bw_fraction_max": max((r.get("read_bw_fraction", 0) for r in timed),
+                                                default=None),
+                    "speedup_vs_sdpa_range": [min(vs), max(vs)] if vs else None,
+                    "speedup_vs_blas_range": [min(vb), max(vb)] if vb else None}
     return out
 
 
@@ -405,8 +409,11 @@ def headline(name: str, s: Mapping[str, Any]) -> str:
         return f"- **{name}**: summary failed ({s['error']})"
     if name == "decode_attention":
         items = [f"{k} kernel up to {_fmt(v['kernel_GBps_max'])} GB/s "
-                 f"({_fmt(v['copy_bw_fraction_max'])} of copy bw), vs SDPA "
+                 f"({_fmt(v['copy_bw_fraction_max'])} of copy bw, "
+                 f"{_fmt(v.get('read_bw_fraction_max'))} of read bw), vs SDPA "
                  + (_range(*v["speedup_vs_sdpa_range"]) if v["speedup_vs_sdpa_range"] else "-")
+                 + (", vs BLAS path " + _range(*v["speedup_vs_blas_range"])
+                    if v.get("speedup_vs_blas_range") else "")
                  + f", checks {v['checks_ok']}/{v['configs']}" for k, v in s.items()]
         return "- **decode attention**: " + "; ".join(items)
     if name == "fusion":

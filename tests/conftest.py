@@ -3,15 +3,18 @@
 - Without a GPU, Triton kernels run in Triton's interpreter on CPU tensors: TRITON_INTERPRET=1
   must be set before triton is first imported, so it is set here, before any test module loads.
 - Every test starts and ends with a fresh Dynamo cache.
+- Native CPU kernels are built into a private temporary directory (not the user's cache).
 - ``torchair_log`` collects the torchair logger's records (it does not propagate to pytest).
 """
 import os
+import tempfile
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TORCHAIR_KERNEL_CACHE", tempfile.mkdtemp(prefix="torchair-kernels-"))
 
 import torch._dynamo  # noqa: E402
 

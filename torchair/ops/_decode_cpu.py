@@ -1,9 +1,18 @@
-"""The CPU decode attention kernel: flash-decoding over KV chunks with batched BLAS matmuls.
+"""The CPU decode attention kernel: flash-decoding over KV chunks.
 
 Same contract as :func:`torchair.ops._decode.decode_attention_reference` (see ``_decode``'s
 module doc); registered as the ``"cpu"`` kernel of :func:`torchair.ops._decode.decode_attention`.
 
-How it runs (one call):
+Two implementations behind one entry point, the same preparation (windows read on the host,
+block ids checked, q scaled with int8 antiquant folded in) and the same epilogue (V antiquant,
+empty rows as zeros):
+
+* the native C kernel (``_decode_native``, register tiles, K/V read once and converted in
+  registers, threads over (row, split) work items), used whenever it takes the arguments; it is
+  built on first use with the host C compiler (``_native``);
+* the BLAS path below, for everything else (no compiler, head dim not a multiple of 16, ...).
+
+How the BLAS path runs (one call):
 
 * The lengths / starts are read on the host (a CPU kernel never runs inside a CUDA graph) to find
   the window ``[lo, hi)`` of positions any sequence attends; the rest of the cache is never read.
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from torchair.ops import _decode_native
 from torchair.ops._decode import register_decode_kernel
 
 CHUNK_SIZE: int | None = None
@@ -80,37 +90,84 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         else torch.zeros_like(lens)
     lo_b = starts.clamp(0, seq)
     hi_b = (starts + lens).clamp(0, seq)
-    nonempty = hi_b > lo_b
-    out_dtype = q.dtype
-    if not bool(nonempty.any()):
-        return torch.zeros(batch, heads, dim, dtype=out_dtype)
-    lo = int(lo_b[nonempty].min())
-    hi = int(hi_b[nonempty].max())
-    lo = lo // block_size * block_size
-    full_lo, full_hi = int(lo_b.max()), int(hi_b.min())  # positions every row attends
-    start_col = starts[:, None]
-    end_col = (starts + lens)[:, None]
+    if not bool((hi_b > lo_b).any()):
+        return torch.zeros(batch, heads, dim, dtype=q.dtype)
     mask_b = mask.detach().to("cpu").bool() if mask is not None else None
+    if paged:
+        _check_block_ids(block_table, lo_b, hi_b, block_size, k_cache.shape[0])
 
-    rows = batch * nkv
+    # native kernel when it takes these arguments: rows b-major; else BLAS (paged rows h-major)
+    h_major = False
+    qf, score_bias = _query_rows(q, nkv, scale, k_scale, k_offset, h_major)
+    result = _decode_native.decode(qf, score_bias, k_cache, v_cache, block_table, lo_b, hi_b,
+                                   mask_b)
+    if result is None:
+        h_major = paged
+        if h_major:
+            qf, score_bias = _query_rows(q, nkv, scale, k_scale, k_offset, h_major)
+        result = _blas_decode(qf, score_bias, k_cache, v_cache, block_table, lo_b, hi_b, mask_b)
+    out, l_sum = result  # [rows, G, D] normalized, [rows, G] softmax sums (0: nothing attended)
+    if v_offset is not None or v_scale is not None:
+        if v_offset is not None:
+            out = out + _per_row(v_offset, batch, h_major)[:, None, :]
+        if v_scale is not None:
+            out = out * _per_row(v_scale, batch, h_major)[:, None, :]
+        out = out.masked_fill((l_sum == 0)[:, :, None], 0.0)  # nothing attended: zeros
+    if h_major:
+        out = out.reshape(nkv, batch, group, dim).transpose(0, 1)
+    return out.reshape(batch, heads, dim).to(q.dtype)
+
+
+def _check_block_ids(block_table: torch.Tensor, lo_b: torch.Tensor, hi_b: torch.Tensor,
+                     block_size: int, num_blocks: int) -> None:
+    """Every block a window reads must exist (a bad id would read outside the cache)."""
+    table = block_table.detach().to("cpu", torch.long)
+    col = torch.arange(table.shape[1])[None, :]
+    used = (col >= (lo_b // block_size)[:, None]) & (col < (-(-hi_b // block_size))[:, None])
+    bad = used & ((table < 0) | (table >= num_blocks))
+    if bool(bad.any()):
+        b, c = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {c}] = {int(table[b, c])} is not a block of the KV "
+                         f"cache (it has {num_blocks} blocks, ids 0..{num_blocks - 1}), but "
+                         f"sequence {b} reads positions [{int(lo_b[b])}, {int(hi_b[b])}) of "
+                         f"it; fix the block table")
+
+
+def _query_rows(q: torch.Tensor, nkv: int, scale: float, k_scale: torch.Tensor | None,
+                k_offset: torch.Tensor | None, h_major: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q as float32 ``[rows, G, D]`` (scaled; int8 K: times ``k_scale``), rows b-major or, with
+    ``h_major``, kv-head-major; and the score bias ``(q * s) . k_offset`` ``[rows, G, 1]``."""
+    batch, heads, dim = q.shape
+    qf = q.detach().float().reshape(batch, nkv, heads // nkv, dim)
+    if k_scale is not None:
+        qf = qf * k_scale.float()[None, :, None, :]
+    if h_major:
+        qf = qf.transpose(0, 1)
+    qf = (qf * scale).reshape(batch * nkv, heads // nkv, dim).contiguous()
+    if k_offset is None:
+        return qf, None
+    return qf, torch.bmm(qf, _per_row(k_offset, batch, h_major)[:, :, None])
+
+
+def _blas_decode(qf: torch.Tensor, score_bias: torch.Tensor | None, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, block_table: torch.Tensor | None, lo_b: torch.Tensor,
+                 hi_b: torch.Tensor, mask_b: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked BLAS path (module doc); rows of ``qf`` b-major, or h-major when paged."""
+    rows, group, dim = qf.shape
+    batch = lo_b.shape[0]
+    nkv = rows // batch
+    paged = block_table is not None
+    block_size = k_cache.shape[2] if paged else 1
+    seq = block_table.shape[1] * block_size if paged else k_cache.shape[2]
+    nonempty = hi_b > lo_b
+    lo = int(lo_b[nonempty].min()) // block_size * block_size
+    hi = int(hi_b[nonempty].max())
+    full_lo, full_hi = int(lo_b.max()), int(hi_b.min())  # positions every row attends
     convert_k = k_cache.dtype != torch.float32
     convert_v = v_cache.dtype != torch.float32
     chunk = _chunk_positions(rows, dim, block_size, convert_k or convert_v)
-
-    # q as [rows, G, D] (scaled; int8 K: times k_scale), in the batch order of the chunks:
-    # contiguous caches are sliced as [B, Nkv, C, D] (b-major), paged ones gathered as
-    # [Nkv, B, C, D] (h-major).
-    qf = q.detach().float().reshape(batch, nkv, group, dim)
-    if k_scale is not None:
-        qf = qf * k_scale.float()[None, :, None, :]
-    if paged:
-        qf = qf.transpose(0, 1)
-    qf = (qf * scale).reshape(rows, group, dim).contiguous()
-    score_bias = None
-    if k_offset is not None:  # (q * s) . o, per (row, g)
-        off = _per_row(k_offset, batch, paged)  # [rows, D]
-        score_bias = torch.bmm(qf, off[:, :, None])  # [rows, G, 1]
-
     k_buf = torch.empty(rows * chunk * dim, dtype=torch.float32) if convert_k else None
     v_buf = torch.empty(rows * chunk * dim, dtype=torch.float32) if convert_v else None
     if paged:
@@ -143,7 +200,7 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
             s.add_(score_bias)
         if not (full_lo <= c0 and c1 <= full_hi and mask_b is None):
             pos = torch.arange(c0, c1)[None, :]
-            drop = (pos < start_col) | (pos >= end_col)  # [B, C]
+            drop = (pos < lo_b[:, None]) | (pos >= hi_b[:, None])  # [B, C]
             if mask_b is not None:
                 drop |= mask_b[:, c0:c1]
             if paged:
@@ -160,17 +217,7 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         l_sum.mul_(alpha).add_(torch.sum(s, 2, out=part))
         acc.mul_(alpha[:, :, None]).baddbmm_(s, vc)
         m, m_new = m_new, m
-
-    out = acc / l_sum.clamp_min(1e-30)[:, :, None]  # [rows, G, D]
-    if v_offset is not None or v_scale is not None:
-        if v_offset is not None:
-            out = out + _per_row(v_offset, batch, paged)[:, None, :]
-        if v_scale is not None:
-            out = out * _per_row(v_scale, batch, paged)[:, None, :]
-        out = out.masked_fill((l_sum == 0)[:, :, None], 0.0)  # nothing attended: zeros
-    if paged:
-        out = out.reshape(nkv, batch, group, dim).transpose(0, 1)
-    return out.reshape(batch, heads, dim).to(out_dtype)
+    return acc / l_sum.clamp_min(1e-30)[:, :, None], l_sum
 
 
 def _per_row(t: torch.Tensor, batch: int, paged: bool) -> torch.Tensor:

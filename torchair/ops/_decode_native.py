@@ -1,0 +1,103 @@
+"""The native (C) CPU decode attention kernel: argument checks and the ctypes call.
+
+``csrc/decode_attention.c`` (built by :mod:`torchair.ops._native`) streams every K and V row of
+each (batch, kv head) window once, with register tiles for the ``G`` query heads that share it,
+an online softmax in float32 and K/V converted from float32 / bfloat16 / float16 / int8 in
+registers; work items (row, split of the window) run on ``torch.get_num_threads()`` threads.
+:func:`decode` returns ``None`` when the kernel does not take the arguments (library not
+available, head dim not a multiple of 16, more than 64 query heads per kv head, K and V of
+different dtypes or strides, a strided head dim); the caller then uses its PyTorch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from torchair.ops import _native
+
+__all__ = ["available", "decode", "MIN_SPLIT"]
+
+_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
+_MAX_G, _MAX_D = 64, 512
+MIN_SPLIT = 512            # fewest positions in one split of a row's window
+_SERIAL_WORK = 1 << 15     # rows x positions under which one thread is used (thread start cost)
+
+
+@functools.lru_cache(maxsize=None)
+def _function():
+    lib = _native.load("decode_attention")
+    if lib is None:
+        return None
+    fn = lib.torchair_decode_attention
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    fn.argtypes = [p, p, p, p, i, i64, i64, i64, p, i64, i64, p, p, p, i64,
+                   i, i, i, i, i, i, p, p, p, p, p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def available() -> bool:
+    """Whether the native kernel is built and loaded (it is built on the first call)."""
+    return _native.enabled() and _function() is not None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, k_cache: torch.Tensor,
+           v_cache: torch.Tensor, block_table: torch.Tensor | None, lo_b: torch.Tensor,
+           hi_b: torch.Tensor, mask_b: torch.Tensor | None
+           ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Softmax-weighted V of every row, or None (see the module doc).
+
+    ``qf`` float32 ``[B * Nkv, G, D]`` b-major, scaled; ``score_bias`` ``[rows, G, 1]`` or None;
+    caches dense ``[B, Nkv, S, D]`` or paged ``[num_blocks, Nkv, block_size, D]`` (ids already
+    checked); ``lo_b`` / ``hi_b`` int64 ``[B]`` windows; ``mask_b`` bool ``[B, S]`` (True =
+    masked out) or None. Returns (``[rows, G, D]`` normalized, ``[rows, G]`` softmax sums).
+    """
+    rows, group, dim = qf.shape
+    kind = _KINDS.get(k_cache.dtype)
+    if (kind is None or v_cache.dtype != k_cache.dtype or k_cache.stride() != v_cache.stride()
+            or k_cache.stride(-1) != 1 or dim % 16 or dim > _MAX_D or group > _MAX_G
+            or k_cache.device.type != "cpu" or v_cache.device.type != "cpu"):
+        return None
+    fn = _function() if _native.enabled() else None
+    if fn is None:
+        return None
+    batch = lo_b.shape[0]
+    nkv = rows // batch
+    lo = lo_b.contiguous()
+    hi = hi_b.contiguous()
+    table = block_table.detach().to("cpu", torch.long).contiguous() \
+        if block_table is not None else None
+    mask_u8 = mask_b.contiguous().view(torch.uint8) if mask_b is not None else None
+    bias = score_bias.reshape(rows, group).contiguous() if score_bias is not None else None
+
+    window = int((hi - lo).clamp_min(0).max())
+    threads = max(1, torch.get_num_threads())
+    if rows * window < _SERIAL_WORK:
+        threads = 1
+    splits = 1
+    if rows < 2 * threads:  # split long windows so every thread has work
+        splits = max(1, min(-(-2 * threads // rows), window // MIN_SPLIT))
+    items = rows * splits
+    part_m = torch.empty(items, group)
+    part_l = torch.empty(items, group)
+    part_acc = torch.empty(items, group, dim)
+    out = torch.empty(rows, group, dim)
+    out_l = torch.empty(rows, group)
+    block_size = k_cache.shape[2] if table is not None else 1
+    rc = fn(qf.data_ptr(), _ptr(bias), k_cache.data_ptr(), v_cache.data_ptr(), kind,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            _ptr(table), table.shape[1] if table is not None else 0, block_size,
+            lo.data_ptr(), hi.data_ptr(), _ptr(mask_u8),
+            mask_u8.shape[1] if mask_u8 is not None else 0,
+            batch, nkv, group, dim, splits, threads,
+            part_m.data_ptr(), part_l.data_ptr(), part_acc.data_ptr(), out.data_ptr(),
+            out_l.data_ptr())
+    if rc != 0:
+        return None
+    return out, out_l

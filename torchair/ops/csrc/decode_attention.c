@@ -1,0 +1,319 @@
+/* Decode attention on the CPU: one query token per (batch, kv head) row attends to its KV window.
+ *
+ * The native half of torchair/ops/_decode_cpu.py (which prepares the arguments: the query is
+ * already scaled, int8 antiquant scales folded in, the windows computed). Built on first use by
+ * torchair/ops/_native.py with the host compiler (-O3 -march=native) and called through ctypes,
+ * which releases the GIL.
+ *
+ * Per row r = b * nkv + h (b-major) the G query heads of kv head h read each K and V row once:
+ *   scores  S[g][n] = q[g] . k[n]            2 positions x 8 heads register tile, fp32 FMAs,
+ *                                            one transposing tree reduction per tile
+ *   softmax          running max / sum per head over chunks of CH positions (float32)
+ *   output  acc[g]  += p[g][n] * v[n]         8 heads x 32 dims register tile
+ * Work items are (row, split of the window) pairs run on nthreads pthreads; splits of one row
+ * are merged with their maxima at the end. K/V elements are float32, bfloat16, float16 or int8
+ * (converted to float32 in registers). Positions are addressed densely (base + b*sb + h*sh +
+ * p*sp) or through a block table (base + table[b][p/bs]*sblk + h*sh + (p%bs)*sp); the head
+ * dimension must be contiguous and a multiple of 16.
+ */
+#include <stdint.h>
+#include <string.h>
+#include <float.h>
+#include <pthread.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+typedef uint16_t vh16u __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t vu16 __attribute__((vector_size(64)));
+typedef _Float16 vf16u __attribute__((vector_size(32), aligned(2)));
+typedef int8_t vb16u __attribute__((vector_size(16), aligned(1)));
+
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2, KIND_I8 = 3 };
+#ifndef KAHEAD
+#define KAHEAD 16
+#endif
+#define CH 256          /* positions per chunk: S is G x CH floats */
+#define MAX_G 64
+#define MAX_D 512
+#define MAX_THREADS 64
+
+static inline v16 load_f32(const void *p) { return *(const v16u *)p; }
+static inline v16 load_bf16(const void *p) {
+    vu16 w = __builtin_convertvector(*(const vh16u *)p, vu16) << 16;
+    return (v16)w;
+}
+static inline v16 load_f16(const void *p) { return __builtin_convertvector(*(const vf16u *)p, v16); }
+static inline v16 load_i8(const void *p) { return __builtin_convertvector(*(const vb16u *)p, v16); }
+
+static inline v16 vsel(vi16 m, v16 a, v16 b) { return (v16)((m & (vi16)a) | (~m & (vi16)b)); }
+static inline v16 vmax(v16 a, v16 b) { return vsel(a > b, a, b); }
+
+/* exp(x) for x <= 0, exactly 0 below -87: 2^(x log2 e) = 2^n 2^f with n = round(x log2 e),
+ * the degree-6 Taylor polynomial of 2^f on [-0.5, 0.5] (relative error < 2e-7) and 2^n put in the
+ * exponent bits. */
+static inline v16 vexp(v16 x) {
+    const v16 zero = {0};
+    vi16 tiny = x < zero - 87.0f;
+    x = vsel(tiny, zero, x);
+    v16 t = x * 1.4426950408889634f;
+    vi16 ni = __builtin_convertvector(t - 0.5f, vi16); /* t <= 0: truncation rounds to nearest */
+    v16 f = t - __builtin_convertvector(ni, v16);
+    v16 p = zero + 1.540353039e-04f;
+    p = p * f + 1.333355815e-03f;
+    p = p * f + 9.618129108e-03f;
+    p = p * f + 5.550410866e-02f;
+    p = p * f + 2.402265070e-01f;
+    p = p * f + 6.931471806e-01f;
+    p = p * f + 1.000000000e+00f;
+    p = p * (v16)((ni + 127) << 23);
+    return vsel(tiny, zero, p);
+}
+
+static inline float hmax(v16 v) { float m = v[0]; for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m; return m; }
+static inline float hsum(v16 v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }
+
+/* 16 vectors -> one vector of their horizontal sums, lane j = sum of x[j]: a tree of 15
+ * shuffle-add steps (the inputs are taken in bit-reversed order, which the tree undoes). */
+#define RED(a, b, s) (__builtin_shuffle(a, b, M1_##s) + __builtin_shuffle(a, b, M2_##s))
+static inline v16 reduce16(const v16 *x) {
+    static const vi16 M1_8 = {0,1,2,3,4,5,6,7,16,17,18,19,20,21,22,23};
+    static const vi16 M2_8 = {8,9,10,11,12,13,14,15,24,25,26,27,28,29,30,31};
+    static const vi16 M1_4 = {0,1,2,3,16,17,18,19,8,9,10,11,24,25,26,27};
+    static const vi16 M2_4 = {4,5,6,7,20,21,22,23,12,13,14,15,28,29,30,31};
+    static const vi16 M1_2 = {0,1,16,17,4,5,20,21,8,9,24,25,12,13,28,29};
+    static const vi16 M2_2 = {2,3,18,19,6,7,22,23,10,11,26,27,14,15,30,31};
+    static const vi16 M1_1 = {0,16,2,18,4,20,6,22,8,24,10,26,12,28,14,30};
+    static const vi16 M2_1 = {1,17,3,19,5,21,7,23,9,25,11,27,13,29,15,31};
+    static const int rev[16] = {0,8,4,12,2,10,6,14,1,9,5,13,3,11,7,15};
+    v16 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) a[i] = RED(x[rev[2 * i]], x[rev[2 * i + 1]], 8);
+    for (int i = 0; i < 4; i++) b[i] = RED(a[2 * i], a[2 * i + 1], 4);
+    for (int i = 0; i < 2; i++) c[i] = RED(b[2 * i], b[2 * i + 1], 2);
+    return RED(c[0], c[1], 1);
+}
+
+typedef struct {
+    const float *q;          /* [rows, G, D] float32, scaled */
+    const float *bias;       /* [rows, G] added to the scores, or NULL */
+    const char *k, *v;       /* base pointers */
+    int kind, esize;         /* K/V element kind and size in bytes */
+    int64_t sb, sh, sp;      /* strides (elements) of batch (dense) or block (paged), head, position */
+    const int64_t *table;    /* [B, max_blocks] or NULL (dense) */
+    int64_t table_stride, block_size;
+    const int64_t *lo, *hi;  /* [B] attended window */
+    const uint8_t *mask;     /* [B, mask_stride] 1 = masked out, or NULL */
+    int64_t mask_stride;
+    int rows, nkv, G, D, splits;
+    float *part_m, *part_l, *part_acc; /* [rows * splits, G (, D)] partial results */
+    int nthreads, next;
+    pthread_mutex_t lock;
+} args_t;
+
+static inline const char *row_ptr(const args_t *a, const char *base, int b, int h, int64_t p) {
+    int64_t off;
+    if (a->table) {
+        int64_t blk = a->table[b * a->table_stride + p / a->block_size];
+        off = blk * a->sb + h * a->sh + (p % a->block_size) * a->sp;
+    } else {
+        off = b * a->sb + h * a->sh + p * a->sp;
+    }
+    return base + off * a->esize;
+}
+
+/* Register tiles, instantiated per K/V element kind (LOAD) and head-group width GB (1, 2, 4, 8):
+ *   qk: NB = 16 / GB positions x GB heads, 16 accumulators over d, one reduce16 per tile;
+ *   pv: GB heads x DT = min(16 / GB, D / 16) vectors of d, 16 accumulators over positions. */
+#define DEFINE_TILES(NAME, LOAD, GB)                                                              \
+static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int64_t c0, int w,   \
+                             int g0, float *S) {                                                  \
+    enum { NB = 16 / GB };                                                                        \
+    const int D = a->D, row_bytes = a->D * a->esize;                                             \
+    for (int n = 0; n < w; n += NB) {                                                             \
+        const char *kr[NB];                                                                       \
+        for (int i = 0; i < NB; i++) kr[i] = row_ptr(a, a->k, b, h, c0 + (n + i < w ? n + i : n)); \
+        for (int i = 0; i < NB && n + i < w; i++) /* V rows of these positions, for pv */        \
+            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->v, b, h, c0 + n + i) + o); \
+        for (int i = n + KAHEAD; i < n + KAHEAD + NB && i < w; i++) /* K rows ahead */          \
+            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->k, b, h, c0 + i) + o); \
+        v16 acc[16];                                                                              \
+        for (int j = 0; j < 16; j++) acc[j] = (v16){0};                                           \
+        for (int d = 0; d < D; d += 16) {                                                         \
+            v16 x[NB];                                                                            \
+            for (int i = 0; i < NB; i++) x[i] = LOAD(kr[i], d);                                   \
+            for (int j = 0; j < GB; j++) {                                                        \
+                v16 qq = load_f32(q + (int64_t)(g0 + j) * D + d);                                 \
+                for (int i = 0; i < NB; i++) acc[i * GB + j] += qq * x[i];                        \
+            }                                                                                     \
+        }                                                                                         \
+        v16 s = reduce16(acc);                                                                    \
+        for (int i = 0; i < NB && n + i < w; i++)                                                 \
+            for (int j = 0; j < GB; j++) S[(g0 + j) * CH + n + i] = s[i * GB + j];                \
+    }                                                                                             \
+}                                                                                                 \
+static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, int g0,           \
+                             const float *S, float *acc) {                                        \
+    enum { DT = 16 / GB };                                                                        \
+    const int D = a->D;                                                                           \
+    for (int d0 = 0; d0 < D; d0 += 16 * DT) {                                                     \
+        int nd = (D - d0) / 16 < DT ? (D - d0) / 16 : DT;                                         \
+        v16 r[GB][DT];                                                                            \
+        for (int j = 0; j < GB; j++) for (int t = 0; t < DT; t++) r[j][t] = (v16){0};             \
+        if (nd == DT) {                                                                           \
+            for (int n = 0; n < w; n++) {                                                         \
+                const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
+                v16 x[DT];                                                                        \
+                for (int t = 0; t < DT; t++) x[t] = LOAD(vr, d0 + 16 * t);                        \
+                for (int j = 0; j < GB; j++) {                                                    \
+                    float p = S[(g0 + j) * CH + n];                                               \
+                    for (int t = 0; t < DT; t++) r[j][t] += p * x[t];                             \
+                }                                                                                 \
+            }                                                                                     \
+        } else {                                                                                  \
+            for (int n = 0; n < w; n++) {                                                         \
+                const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
+                for (int t = 0; t < nd; t++) {                                                    \
+                    v16 x = LOAD(vr, d0 + 16 * t);                                                \
+                    for (int j = 0; j < GB; j++) r[j][t] += S[(g0 + j) * CH + n] * x;             \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+        for (int j = 0; j < GB; j++)                                                              \
+            for (int t = 0; t < nd; t++) *(v16u *)(acc + (int64_t)(g0 + j) * D + d0 + 16 * t) += r[j][t]; \
+    }                                                                                             \
+}
+
+#define LOAD_F32(p, d) load_f32((p) + 4 * (d))
+#define LOAD_BF16(p, d) load_bf16((p) + 2 * (d))
+#define LOAD_F16(p, d) load_f16((p) + 2 * (d))
+#define LOAD_I8(p, d) load_i8((p) + (d))
+#define DEFINE_KIND(NAME, LOAD) \
+    DEFINE_TILES(NAME, LOAD, 1) DEFINE_TILES(NAME, LOAD, 2) DEFINE_TILES(NAME, LOAD, 4) DEFINE_TILES(NAME, LOAD, 8)
+DEFINE_KIND(f32, LOAD_F32)
+DEFINE_KIND(bf16, LOAD_BF16)
+DEFINE_KIND(f16, LOAD_F16)
+DEFINE_KIND(i8, LOAD_I8)
+
+typedef void (*qk_fn)(const args_t *, const float *, int, int, int64_t, int, int, float *);
+typedef void (*pv_fn)(const args_t *, int, int, int64_t, int, int, const float *, float *);
+static const qk_fn QK[4][4] = {{qk_f32_1, qk_f32_2, qk_f32_4, qk_f32_8},
+                               {qk_bf16_1, qk_bf16_2, qk_bf16_4, qk_bf16_8},
+                               {qk_f16_1, qk_f16_2, qk_f16_4, qk_f16_8},
+                               {qk_i8_1, qk_i8_2, qk_i8_4, qk_i8_8}};
+static const pv_fn PV[4][4] = {{pv_f32_1, pv_f32_2, pv_f32_4, pv_f32_8},
+                               {pv_bf16_1, pv_bf16_2, pv_bf16_4, pv_bf16_8},
+                               {pv_f16_1, pv_f16_2, pv_f16_4, pv_f16_8},
+                               {pv_i8_1, pv_i8_2, pv_i8_4, pv_i8_8}};
+
+/* one work item: row r, positions [p0, p1) -> running max m[G], sum l[G], acc[G][D] */
+static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, float *l, float *acc) {
+    const int G = a->G, D = a->D, b = r / a->nkv, h = r % a->nkv;
+    const float *q = a->q + (int64_t)r * G * D;
+    float S[MAX_G * CH] __attribute__((aligned(64)));
+    const int wi = G % 8 == 0 ? 3 : G % 4 == 0 ? 2 : G % 2 == 0 ? 1 : 0, GB = 1 << wi;
+    const qk_fn qk = QK[a->kind][wi];
+    const pv_fn pv = PV[a->kind][wi];
+    for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; }
+    memset(acc, 0, sizeof(float) * G * D);
+    for (int64_t c0 = p0; c0 < p1; c0 += CH) {
+        int w = (int)(p1 - c0 < CH ? p1 - c0 : CH);
+        const uint8_t *drop = a->mask ? a->mask + b * a->mask_stride + c0 : NULL;
+        int kept = w;
+        if (drop) { kept = 0; for (int n = 0; n < w; n++) kept += !drop[n]; }
+        if (!kept) continue;
+        for (int g0 = 0; g0 < G; g0 += GB) qk(a, q, b, h, c0, w, g0, S);
+        int wp = (w + 15) & ~15;
+        for (int g = 0; g < G; g++) {
+            float *s = S + g * CH;
+            float bias = a->bias ? a->bias[(int64_t)r * G + g] : 0.0f;
+            for (int n = 0; n < w; n++) s[n] = (drop && drop[n]) ? -FLT_MAX : s[n] + bias;
+            for (int n = w; n < wp; n++) s[n] = -FLT_MAX;
+            v16 vm = (v16){0} - FLT_MAX;
+            for (int n = 0; n < wp; n += 16) { v16 x = *(v16 *)(s + n); vm = vmax(x, vm); }
+            float mx = hmax(vm);
+            float m_new = mx > m[g] ? mx : m[g];
+            v16 sub = (v16){0} + m_new, vs = (v16){0};
+            for (int n = 0; n < wp; n += 16) {
+                v16 e = vexp(*(v16 *)(s + n) - sub);
+                *(v16 *)(s + n) = e;
+                vs += e;
+            }
+            float alpha = vexp((v16){0} + (m[g] - m_new))[0];
+            l[g] = l[g] * alpha + hsum(vs);
+            m[g] = m_new;
+            if (alpha != 1.0f) for (int d = 0; d < D; d++) acc[(int64_t)g * D + d] *= alpha;
+        }
+        for (int g0 = 0; g0 < G; g0 += GB) pv(a, b, h, c0, w, g0, S, acc);
+    }
+}
+
+static void *worker(void *p) {
+    args_t *a = (args_t *)p;
+    const int G = a->G, D = a->D;
+    for (;;) {
+        pthread_mutex_lock(&a->lock);
+        int item = a->next++;
+        pthread_mutex_unlock(&a->lock);
+        if (item >= a->rows * a->splits) break;
+        int r = item / a->splits, s = item % a->splits, b = r / a->nkv;
+        int64_t lo = a->lo[b], hi = a->hi[b], len = hi > lo ? hi - lo : 0;
+        int64_t step = (len + a->splits - 1) / a->splits;
+        int64_t p0 = lo + s * step, p1 = p0 + step < hi ? p0 + step : hi;
+        float *m = a->part_m + (int64_t)item * G, *l = a->part_l + (int64_t)item * G;
+        float *acc = a->part_acc + (int64_t)item * G * D;
+        if (p0 >= p1) { for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; } memset(acc, 0, sizeof(float) * G * D); continue; }
+        attend(a, r, p0, p1, m, l, acc);
+    }
+    return NULL;
+}
+
+/* Returns 0, or -1 when the shapes are outside what this kernel takes (the caller falls back). */
+int torchair_decode_attention(const float *q, const float *bias, const void *k, const void *v,
+                              int kind, int64_t sb, int64_t sh, int64_t sp,
+                              const int64_t *table, int64_t table_stride, int64_t block_size,
+                              const int64_t *lo, const int64_t *hi,
+                              const uint8_t *mask, int64_t mask_stride,
+                              int batch, int nkv, int G, int D, int splits, int nthreads,
+                              float *part_m, float *part_l, float *part_acc,
+                              float *out, float *out_l) {
+    static const int esize[4] = {4, 2, 2, 1};
+    if (G < 1 || G > MAX_G || D < 16 || D > MAX_D || D % 16 || kind < 0 || kind > 3 || splits < 1)
+        return -1;
+    args_t a = {q, bias, (const char *)k, (const char *)v, kind, esize[kind], sb, sh, sp, table,
+                table_stride, block_size, lo, hi, mask, mask_stride, batch * nkv, nkv, G, D, splits,
+                part_m, part_l, part_acc, nthreads, 0};
+    pthread_mutex_init(&a.lock, NULL);
+    int items = a.rows * splits;
+    if (nthreads > items) nthreads = items;
+    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
+    pthread_t th[MAX_THREADS];
+    int started = 0;
+    for (int t = 1; t < nthreads; t++) started += pthread_create(&th[started], NULL, worker, &a) == 0;
+    worker(&a);
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&a.lock);
+    /* merge the splits of every row */
+    for (int r = 0; r < a.rows; r++) {
+        for (int g = 0; g < G; g++) {
+            float mx = -FLT_MAX, l = 0.0f;
+            for (int s = 0; s < splits; s++) {
+                float ms = part_m[((int64_t)r * splits + s) * G + g];
+                mx = ms > mx ? ms : mx;
+            }
+            float *o = out + ((int64_t)r * G + g) * D;
+            memset(o, 0, sizeof(float) * D);
+            for (int s = 0; s < splits; s++) {
+                int64_t it = (int64_t)r * splits + s;
+                float ls = part_l[it * G + g];
+                if (ls == 0.0f) continue;
+                float w = vexp((v16){0} + (part_m[it * G + g] - mx))[0];
+                l += ls * w;
+                const float *pa = part_acc + (it * G + g) * D;
+                for (int d = 0; d < D; d++) o[d] += w * pa[d];
+            }
+            if (l > 0.0f) { float inv = 1.0f / l; for (int d = 0; d < D; d++) o[d] *= inv; }
+            out_l[(int64_t)r * G + g] = l;
+        }
+    }
+    return 0;
+}
