@@ -3,7 +3,8 @@
 ``csrc/decode_attention.c`` (built by :mod:`torchair.ops._native`) streams every K and V row of
 each (batch, kv head) window once, with register tiles for the ``G`` query heads that share it,
 an online softmax in float32 and K/V converted from float32 / bfloat16 / float16 / int8 in
-registers; work items (row, split of the window) run on ``torch.get_num_threads()`` threads.
+registers; work items (row, split of the window) run on ``torch.get_num_threads()`` OpenMP
+threads (PyTorch's own pool in a PyTorch process).
 :func:`decode` returns ``None`` when the kernel does not take the arguments (library not
 available, head dim not a multiple of 16, more than 64 query heads per kv head, K and V of
 different dtypes or strides, a strided head dim); the caller then uses its PyTorch path.
@@ -22,7 +23,7 @@ __all__ = ["available", "decode", "MIN_SPLIT"]
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
 _MAX_G, _MAX_D = 64, 512
 MIN_SPLIT = 512            # fewest positions in one split of a row's window
-_SERIAL_WORK = 1 << 15     # rows x positions under which one thread is used (thread start cost)
+_SERIAL_WORK = 1024         # rows x positions under which one thread is used
 
 
 @functools.lru_cache(maxsize=None)

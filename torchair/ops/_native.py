@@ -6,7 +6,9 @@ register tiles. ``load(name)`` returns the ``ctypes.CDLL`` of ``csrc/<name>.c``,
 when it cannot be had; callers then use their PyTorch path, so a machine without a C compiler
 loses speed, never results.
 
-Build: ``$CC`` (default ``cc``) with ``-O3 -march=native``, into
+Build: ``$CC`` (default ``cc``) with ``-O3 -march=native -fopenmp`` (in a PyTorch process the
+library uses PyTorch's own OpenMP runtime and threads: the dynamic linker loads ``libgomp`` once),
+into
 ``$TORCHAIR_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/torchair/kernels``, else
 ``~/.cache/torchair/kernels``) under a name hashed from the source, the flags, the compiler's
 version and this CPU's model and flags, so an edited kernel or another machine never loads a
@@ -35,8 +37,8 @@ __all__ = ["ENV_DISABLE", "ENV_CACHE", "FLAGS", "cache_dir", "enabled", "load"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared",
-         "-pthread")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-fPIC",
+         "-shared")
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 _lock = threading.Lock()
 

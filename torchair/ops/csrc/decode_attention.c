@@ -2,15 +2,15 @@
  *
  * The native half of torchair/ops/_decode_cpu.py (which prepares the arguments: the query is
  * already scaled, int8 antiquant scales folded in, the windows computed). Built on first use by
- * torchair/ops/_native.py with the host compiler (-O3 -march=native) and called through ctypes,
- * which releases the GIL.
+ * torchair/ops/_native.py with the host compiler (-O3 -march=native -fopenmp) and called
+ * through ctypes, which releases the GIL.
  *
  * Per row r = b * nkv + h (b-major) the G query heads of kv head h read each K and V row once:
  *   scores  S[g][n] = q[g] . k[n]            2 positions x 8 heads register tile, fp32 FMAs,
  *                                            one transposing tree reduction per tile
  *   softmax          running max / sum per head over chunks of CH positions (float32)
  *   output  acc[g]  += p[g][n] * v[n]         8 heads x 32 dims register tile
- * Work items are (row, split of the window) pairs run on nthreads pthreads; splits of one row
+ * Work items are (row, split of the window) pairs run on nthreads OpenMP threads; splits of one row
  * are merged with their maxima at the end. K/V elements are float32, bfloat16, float16 or int8
  * (converted to float32 in registers). Positions are addressed densely (base + b*sb + h*sh +
  * p*sp) or through a block table (base + table[b][p/bs]*sblk + h*sh + (p%bs)*sp); the head
@@ -19,7 +19,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <float.h>
-#include <pthread.h>
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));
@@ -36,7 +35,6 @@ enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2, KIND_I8 = 3 };
 #define CH 256          /* positions per chunk: S is G x CH floats */
 #define MAX_G 64
 #define MAX_D 512
-#define MAX_THREADS 64
 
 static inline v16 load_f32(const void *p) { return *(const v16u *)p; }
 static inline v16 load_bf16(const void *p) {
@@ -106,8 +104,6 @@ typedef struct {
     int64_t mask_stride;
     int rows, nkv, G, D, splits;
     float *part_m, *part_l, *part_acc; /* [rows * splits, G (, D)] partial results */
-    int nthreads, next;
-    pthread_mutex_t lock;
 } args_t;
 
 static inline const char *row_ptr(const args_t *a, const char *base, int b, int h, int64_t p) {
@@ -247,24 +243,21 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
     }
 }
 
-static void *worker(void *p) {
-    args_t *a = (args_t *)p;
+/* work item = (row, split): the split-th of `splits` equal parts of the row's window */
+static void run_item(const args_t *a, int item) {
     const int G = a->G, D = a->D;
-    for (;;) {
-        pthread_mutex_lock(&a->lock);
-        int item = a->next++;
-        pthread_mutex_unlock(&a->lock);
-        if (item >= a->rows * a->splits) break;
-        int r = item / a->splits, s = item % a->splits, b = r / a->nkv;
-        int64_t lo = a->lo[b], hi = a->hi[b], len = hi > lo ? hi - lo : 0;
-        int64_t step = (len + a->splits - 1) / a->splits;
-        int64_t p0 = lo + s * step, p1 = p0 + step < hi ? p0 + step : hi;
-        float *m = a->part_m + (int64_t)item * G, *l = a->part_l + (int64_t)item * G;
-        float *acc = a->part_acc + (int64_t)item * G * D;
-        if (p0 >= p1) { for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; } memset(acc, 0, sizeof(float) * G * D); continue; }
+    int r = item / a->splits, s = item % a->splits, b = r / a->nkv;
+    int64_t lo = a->lo[b], hi = a->hi[b], len = hi > lo ? hi - lo : 0;
+    int64_t step = (len + a->splits - 1) / a->splits;
+    int64_t p0 = lo + s * step, p1 = p0 + step < hi ? p0 + step : hi;
+    float *m = a->part_m + (int64_t)item * G, *l = a->part_l + (int64_t)item * G;
+    float *acc = a->part_acc + (int64_t)item * G * D;
+    if (p0 < p1) {
         attend(a, r, p0, p1, m, l, acc);
+        return;
     }
-    return NULL;
+    for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; }
+    memset(acc, 0, sizeof(float) * G * D);
 }
 
 /* Returns 0, or -1 when the shapes are outside what this kernel takes (the caller falls back). */
@@ -281,17 +274,14 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
         return -1;
     args_t a = {q, bias, (const char *)k, (const char *)v, kind, esize[kind], sb, sh, sp, table,
                 table_stride, block_size, lo, hi, mask, mask_stride, batch * nkv, nkv, G, D, splits,
-                part_m, part_l, part_acc, nthreads, 0};
-    pthread_mutex_init(&a.lock, NULL);
+                part_m, part_l, part_acc};
     int items = a.rows * splits;
     if (nthreads > items) nthreads = items;
-    if (nthreads > MAX_THREADS) nthreads = MAX_THREADS;
-    pthread_t th[MAX_THREADS];
-    int started = 0;
-    for (int t = 1; t < nthreads; t++) started += pthread_create(&th[started], NULL, worker, &a) == 0;
-    worker(&a);
-    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
-    pthread_mutex_destroy(&a.lock);
+    if (nthreads < 1) nthreads = 1;
+    /* OpenMP: in a PyTorch process this is PyTorch's own runtime and thread pool (libgomp is
+     * loaded once), so no second set of threads competes with it for the cores. */
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
+    for (int item = 0; item < items; item++) run_item(&a, item);
     /* merge the splits of every row */
     for (int r = 0; r < a.rows; r++) {
         for (int g = 0; g < G; g++) {
