@@ -88,6 +88,44 @@ def test_half_dtypes(native_only, dtype, block):
            scale=0.125, block_table=table)
 
 
+def _cpu_has(flag: str) -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("flags") and flag in line.split() for line in f)
+    except OSError:
+        return False
+
+
+@needs_cc
+def test_bf16_dot_products_where_the_cpu_has_them():
+    """-march=native builds the bf16 dot-product path exactly when the CPU has AVX512-BF16."""
+    assert _decode_native.bf16_dot() == _cpu_has("avx512_bf16")
+
+
+@needs_cc
+@pytest.mark.parametrize("heads,nkv", [(4, 4), (8, 4), (8, 2), (16, 2), (40, 4)],
+                         ids=["G1", "G2", "G4", "G8", "G10"])
+@pytest.mark.parametrize("dim", [32, 128])
+@pytest.mark.parametrize("block", [None, 16], ids=["dense", "paged16"])
+def test_bf16_query_and_cache(native_only, heads, nkv, dim, block):
+    """bf16 q with bf16 K (the dot-product path where the CPU has it) equals the reference and
+    the float32-query path on the same values (same math: exact products, float32 sums)."""
+    g = torch.Generator().manual_seed(heads + dim)
+    batch, seq = 2, 520
+    q = torch.randn(batch, heads, dim, generator=g).bfloat16()
+    k = (torch.randn(batch, nkv, seq, dim, generator=g) * 2).bfloat16()
+    v = torch.randn(batch, nkv, seq, dim, generator=g).bfloat16()
+    table = None
+    if block is not None:
+        k, table = paged(k, block, g)
+        v = to_blocks(v, block, table)
+    kw = dict(lengths=torch.tensor([520, 300]), kv_start=torch.tensor([0, 200]), scale=0.3,
+              block_table=table)
+    out = _check(q, k, v, **kw)
+    via_fp32_query = decode_attention_cpu(q.float(), k, v, **kw)
+    torch.testing.assert_close(out.float(), via_fp32_query, atol=8e-3, rtol=8e-3)
+
+
 @needs_cc
 @pytest.mark.parametrize("block", [None, 32], ids=["dense", "paged32"])
 def test_int8_antiquant(native_only, block):

@@ -4,7 +4,7 @@ Same contract as :func:`torchair.ops._decode.decode_attention_reference` (see ``
 module doc); registered as the ``"cpu"`` kernel of :func:`torchair.ops._decode.decode_attention`.
 
 Two implementations behind one entry point, the same preparation (windows read on the host,
-block ids checked, q scaled with int8 antiquant folded in) and the same epilogue (V antiquant,
+block ids checked, q in float32 with int8 antiquant folded in) and the same epilogue (V antiquant,
 empty rows as zeros):
 
 * the native C kernel (``_decode_native``, register tiles, K/V read once and converted in
@@ -98,14 +98,16 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
     # native kernel when it takes these arguments: rows b-major; else BLAS (paged rows h-major)
     h_major = False
-    qf, score_bias = _query_rows(q, nkv, scale, k_scale, k_offset, h_major)
-    result = _decode_native.decode(qf, score_bias, k_cache, v_cache, block_table, lo_b, hi_b,
-                                   mask_b)
+    qf, score_bias = _query_rows(q, nkv, k_scale, k_offset, h_major)
+    q_bf16 = q.dtype == torch.bfloat16 and k_scale is None  # qf holds bf16 values exactly
+    result = _decode_native.decode(qf, score_bias, scale, k_cache, v_cache, block_table, lo_b,
+                                   hi_b, mask_b, q_bf16=q_bf16)
     if result is None:
         h_major = paged
         if h_major:
-            qf, score_bias = _query_rows(q, nkv, scale, k_scale, k_offset, h_major)
-        result = _blas_decode(qf, score_bias, k_cache, v_cache, block_table, lo_b, hi_b, mask_b)
+            qf, score_bias = _query_rows(q, nkv, k_scale, k_offset, h_major)
+        result = _blas_decode(qf * scale, None if score_bias is None else score_bias * scale,
+                              k_cache, v_cache, block_table, lo_b, hi_b, mask_b)
     out, l_sum = result  # [rows, G, D] normalized, [rows, G] softmax sums (0: nothing attended)
     if v_offset is not None or v_scale is not None:
         if v_offset is not None:
@@ -133,18 +135,19 @@ def _check_block_ids(block_table: torch.Tensor, lo_b: torch.Tensor, hi_b: torch.
                          f"it; fix the block table")
 
 
-def _query_rows(q: torch.Tensor, nkv: int, scale: float, k_scale: torch.Tensor | None,
+def _query_rows(q: torch.Tensor, nkv: int, k_scale: torch.Tensor | None,
                 k_offset: torch.Tensor | None, h_major: bool
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q as float32 ``[rows, G, D]`` (scaled; int8 K: times ``k_scale``), rows b-major or, with
-    ``h_major``, kv-head-major; and the score bias ``(q * s) . k_offset`` ``[rows, G, 1]``."""
+    """q as float32 ``[rows, G, D]`` (int8 K: times ``k_scale``; not yet times the softmax
+    scale), rows b-major or, with ``h_major``, kv-head-major; and the score bias
+    ``(q * s) . k_offset`` ``[rows, G, 1]``."""
     batch, heads, dim = q.shape
     qf = q.detach().float().reshape(batch, nkv, heads // nkv, dim)
     if k_scale is not None:
         qf = qf * k_scale.float()[None, :, None, :]
     if h_major:
         qf = qf.transpose(0, 1)
-    qf = (qf * scale).reshape(batch * nkv, heads // nkv, dim).contiguous()
+    qf = qf.reshape(batch * nkv, heads // nkv, dim).contiguous()
     if k_offset is None:
         return qf, None
     return qf, torch.bmm(qf, _per_row(k_offset, batch, h_major)[:, :, None])
@@ -154,7 +157,8 @@ def _blas_decode(qf: torch.Tensor, score_bias: torch.Tensor | None, k_cache: tor
                  v_cache: torch.Tensor, block_table: torch.Tensor | None, lo_b: torch.Tensor,
                  hi_b: torch.Tensor, mask_b: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked BLAS path (module doc); rows of ``qf`` b-major, or h-major when paged."""
+    """The chunked BLAS path (module doc); ``qf`` and ``score_bias`` already times the softmax
+    scale, rows b-major, or h-major when paged."""
     rows, group, dim = qf.shape
     batch = lo_b.shape[0]
     nkv = rows // batch

@@ -34,9 +34,15 @@ def _function():
     fn = lib.torchair_decode_attention
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     fn.argtypes = [p, p, p, p, i, i64, i64, i64, p, i64, i64, p, p, p, i64,
-                   i, i, i, i, i, i, p, p, p, p, p]
+                   i, i, i, i, i, i, p, p, p, p, p, ctypes.c_float, i]
     fn.restype = ctypes.c_int
     return fn
+
+
+def bf16_dot() -> bool:
+    """Whether the built kernel multiplies bf16 K by a bf16 query with bf16 dot products
+    (AVX512-BF16: exact products, float32 sums)."""
+    return available() and bool(_native.load("decode_attention").torchair_decode_attention_bf16_dot())
 
 
 def available() -> bool:
@@ -48,13 +54,15 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, k_cache: torch.Tensor,
-           v_cache: torch.Tensor, block_table: torch.Tensor | None, lo_b: torch.Tensor,
-           hi_b: torch.Tensor, mask_b: torch.Tensor | None
-           ) -> tuple[torch.Tensor, torch.Tensor] | None:
+def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
+           k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor | None,
+           lo_b: torch.Tensor, hi_b: torch.Tensor, mask_b: torch.Tensor | None,
+           q_bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Softmax-weighted V of every row, or None (see the module doc).
 
-    ``qf`` float32 ``[B * Nkv, G, D]`` b-major, scaled; ``score_bias`` ``[rows, G, 1]`` or None;
+    Scores are ``(qf . k + score_bias) * scale``: ``qf`` float32 ``[B * Nkv, G, D]`` b-major,
+    ``score_bias`` ``[rows, G, 1]`` or None; ``q_bf16``: ``qf`` holds bfloat16 values exactly
+    (then bf16 K may use bf16 dot products);
     caches dense ``[B, Nkv, S, D]`` or paged ``[num_blocks, Nkv, block_size, D]`` (ids already
     checked); ``lo_b`` / ``hi_b`` int64 ``[B]`` windows; ``mask_b`` bool ``[B, S]`` (True =
     masked out) or None. Returns (``[rows, G, D]`` normalized, ``[rows, G]`` softmax sums).
@@ -98,7 +106,7 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, k_cache: torch.Ten
             mask_u8.shape[1] if mask_u8 is not None else 0,
             batch, nkv, group, dim, splits, threads,
             part_m.data_ptr(), part_l.data_ptr(), part_acc.data_ptr(), out.data_ptr(),
-            out_l.data_ptr())
+            out_l.data_ptr(), float(scale), int(q_bf16))
     if rc != 0:
         return None
     return out, out_l

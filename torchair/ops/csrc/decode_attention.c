@@ -92,8 +92,10 @@ static inline v16 reduce16(const v16 *x) {
 }
 
 typedef struct {
-    const float *q;          /* [rows, G, D] float32, scaled */
-    const float *bias;       /* [rows, G] added to the scores, or NULL */
+    const float *q;          /* [rows, G, D] float32; scores = (q . k + bias) * scale */
+    const float *bias;       /* [rows, G], or NULL */
+    float scale;
+    int bf16_dot;            /* q holds bfloat16 values: bf16 K may use bf16 dot products */
     const char *k, *v;       /* base pointers */
     int kind, esize;         /* K/V element kind and size in bytes */
     int64_t sb, sh, sp;      /* strides (elements) of batch (dense) or block (paged), head, position */
@@ -201,6 +203,50 @@ static const pv_fn PV[4][4] = {{pv_f32_1, pv_f32_2, pv_f32_4, pv_f32_8},
                                {pv_f16_1, pv_f16_2, pv_f16_4, pv_f16_8},
                                {pv_i8_1, pv_i8_2, pv_i8_4, pv_i8_8}};
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#define HAVE_BF16_DOT 1
+/* bf16 K with a bf16 query: vdpbf16ps multiplies bf16 pairs exactly and sums them in fp32, so the
+ * scores equal the fp32 FMA path's up to summation order, at half the instructions and with no
+ * conversion of K. Same tile as qk_*, 32 elements of d per step (D % 32 == 0). */
+#define DEFINE_QK_DOT(GB)                                                                         \
+static void qkdot_bf16_##GB(const args_t *a, const uint16_t *qb, int b, int h, int64_t c0, int w, \
+                            int g0, float *S) {                                                   \
+    enum { NB = 16 / GB };                                                                        \
+    const int D = a->D, row_bytes = a->D * a->esize;                                             \
+    for (int n = 0; n < w; n += NB) {                                                             \
+        const char *kr[NB];                                                                       \
+        for (int i = 0; i < NB; i++) kr[i] = row_ptr(a, a->k, b, h, c0 + (n + i < w ? n + i : n)); \
+        for (int i = 0; i < NB && n + i < w; i++)                                                 \
+            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->v, b, h, c0 + n + i) + o); \
+        for (int i = n + KAHEAD; i < n + KAHEAD + NB && i < w; i++)                               \
+            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->k, b, h, c0 + i) + o); \
+        v16 acc[16];                                                                              \
+        for (int j = 0; j < 16; j++) acc[j] = (v16){0};                                           \
+        for (int d = 0; d < D; d += 32) {                                                         \
+            __m512bh x[NB];                                                                       \
+            for (int i = 0; i < NB; i++) x[i] = (__m512bh)_mm512_loadu_si512(kr[i] + 2 * d);      \
+            for (int j = 0; j < GB; j++) {                                                        \
+                __m512bh qq = (__m512bh)_mm512_loadu_si512(qb + (int64_t)(g0 + j) * D + d);       \
+                for (int i = 0; i < NB; i++)                                                      \
+                    acc[i * GB + j] = (v16)_mm512_dpbf16_ps((__m512)acc[i * GB + j], qq, x[i]);   \
+            }                                                                                     \
+        }                                                                                         \
+        v16 s = reduce16(acc);                                                                    \
+        for (int i = 0; i < NB && n + i < w; i++)                                                 \
+            for (int j = 0; j < GB; j++) S[(g0 + j) * CH + n + i] = s[i * GB + j];                \
+    }                                                                                             \
+}
+DEFINE_QK_DOT(1) DEFINE_QK_DOT(2) DEFINE_QK_DOT(4) DEFINE_QK_DOT(8)
+typedef void (*qkdot_fn)(const args_t *, const uint16_t *, int, int, int64_t, int, int, float *);
+static const qkdot_fn QKDOT[4] = {qkdot_bf16_1, qkdot_bf16_2, qkdot_bf16_4, qkdot_bf16_8};
+#else
+#define HAVE_BF16_DOT 0
+#endif
+
+/* 1 when this build has the bf16 dot-product path (the CPU has AVX512-BF16). */
+int torchair_decode_attention_bf16_dot(void) { return HAVE_BF16_DOT; }
+
 /* one work item: row r, positions [p0, p1) -> running max m[G], sum l[G], acc[G][D] */
 static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, float *l, float *acc) {
     const int G = a->G, D = a->D, b = r / a->nkv, h = r % a->nkv;
@@ -209,6 +255,12 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
     const int wi = G % 8 == 0 ? 3 : G % 4 == 0 ? 2 : G % 2 == 0 ? 1 : 0, GB = 1 << wi;
     const qk_fn qk = QK[a->kind][wi];
     const pv_fn pv = PV[a->kind][wi];
+#if HAVE_BF16_DOT
+    uint16_t qb[MAX_G * MAX_D] __attribute__((aligned(64)));
+    const int use_dot = a->bf16_dot && a->kind == KIND_BF16 && D % 32 == 0;
+    if (use_dot)  /* the query's bf16 values: the top half of their float32 bits, exactly */
+        for (int i = 0; i < G * D; i++) { uint32_t u; memcpy(&u, q + i, 4); qb[i] = (uint16_t)(u >> 16); }
+#endif
     for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; }
     memset(acc, 0, sizeof(float) * G * D);
     for (int64_t c0 = p0; c0 < p1; c0 += CH) {
@@ -217,12 +269,17 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
         int kept = w;
         if (drop) { kept = 0; for (int n = 0; n < w; n++) kept += !drop[n]; }
         if (!kept) continue;
-        for (int g0 = 0; g0 < G; g0 += GB) qk(a, q, b, h, c0, w, g0, S);
+#if HAVE_BF16_DOT
+        if (use_dot)
+            for (int g0 = 0; g0 < G; g0 += GB) QKDOT[wi](a, qb, b, h, c0, w, g0, S);
+        else
+#endif
+            for (int g0 = 0; g0 < G; g0 += GB) qk(a, q, b, h, c0, w, g0, S);
         int wp = (w + 15) & ~15;
         for (int g = 0; g < G; g++) {
             float *s = S + g * CH;
             float bias = a->bias ? a->bias[(int64_t)r * G + g] : 0.0f;
-            for (int n = 0; n < w; n++) s[n] = (drop && drop[n]) ? -FLT_MAX : s[n] + bias;
+            for (int n = 0; n < w; n++) s[n] = (drop && drop[n]) ? -FLT_MAX : (s[n] + bias) * a->scale;
             for (int n = w; n < wp; n++) s[n] = -FLT_MAX;
             v16 vm = (v16){0} - FLT_MAX;
             for (int n = 0; n < wp; n += 16) { v16 x = *(v16 *)(s + n); vm = vmax(x, vm); }
@@ -268,11 +325,11 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
                               const uint8_t *mask, int64_t mask_stride,
                               int batch, int nkv, int G, int D, int splits, int nthreads,
                               float *part_m, float *part_l, float *part_acc,
-                              float *out, float *out_l) {
+                              float *out, float *out_l, float scale, int q_bf16) {
     static const int esize[4] = {4, 2, 2, 1};
     if (G < 1 || G > MAX_G || D < 16 || D > MAX_D || D % 16 || kind < 0 || kind > 3 || splits < 1)
         return -1;
-    args_t a = {q, bias, (const char *)k, (const char *)v, kind, esize[kind], sb, sh, sp, table,
+    args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh, sp, table,
                 table_stride, block_size, lo, hi, mask, mask_stride, batch * nkv, nkv, G, D, splits,
                 part_m, part_l, part_acc};
     int items = a.rows * splits;
