@@ -41,7 +41,9 @@ static inline v16 load_bf16(const void *p) {
     vu16 w = __builtin_convertvector(*(const vh16u *)p, vu16) << 16;
     return (v16)w;
 }
-static inline v16 load_f16(const void *p) { return __builtin_convertvector(*(const vf16u *)p, v16); }
+static inline v16 load_f16(const void *p) {
+    return __builtin_convertvector(*(const vf16u *)p, v16);
+}
 static inline v16 load_i8(const void *p) { return __builtin_convertvector(*(const vb16u *)p, v16); }
 
 static inline v16 vsel(vi16 m, v16 a, v16 b) { return (v16)((m & (vi16)a) | (~m & (vi16)b)); }
@@ -68,7 +70,11 @@ static inline v16 vexp(v16 x) {
     return vsel(tiny, zero, p);
 }
 
-static inline float hmax(v16 v) { float m = v[0]; for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m; return m; }
+static inline float hmax(v16 v) {
+    float m = v[0];
+    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
 static inline float hsum(v16 v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }
 
 /* 16 vectors -> one vector of their horizontal sums, lane j = sum of x[j]: a tree of 15
@@ -98,7 +104,7 @@ typedef struct {
     int bf16_dot;            /* q holds bfloat16 values: bf16 K may use bf16 dot products */
     const char *k, *v;       /* base pointers */
     int kind, esize;         /* K/V element kind and size in bytes */
-    int64_t sb, sh, sp;      /* strides (elements) of batch (dense) or block (paged), head, position */
+    int64_t sb, sh, sp;      /* element strides: batch (dense) or block (paged), head, position */
     const int64_t *table;    /* [B, max_blocks] or NULL (dense) */
     int64_t table_stride, block_size;
     const int64_t *lo, *hi;  /* [B] attended window */
@@ -119,6 +125,25 @@ static inline const char *row_ptr(const args_t *a, const char *base, int b, int 
     return base + off * a->esize;
 }
 
+/* Shared by the qk tile definitions below (macros: they expand inside them, with NB and GB
+ * compile-time constants of each instantiation).
+ * TILE_ROWS: the K rows of positions c0 + n .. c0 + n + NB - 1 (past w: position n again,
+ * harmless), prefetches of their V rows (read by pv after the chunk's scores) and of the K rows
+ * KAHEAD positions ahead. STORE_SCORES: the tile's reduced scores (lane i * GB + j: position
+ * n + i, head g0 + j) into S[g][n]. */
+#define TILE_ROWS(kr)                                                                             \
+    const int row_bytes = a->D * a->esize;                                                        \
+    for (int i = 0; i < NB; i++) kr[i] = row_ptr(a, a->k, b, h, c0 + (n + i < w ? n + i : n));   \
+    for (int i = 0; i < NB && n + i < w; i++)                                                     \
+        for (int o = 0; o < row_bytes; o += 64)                                                   \
+            __builtin_prefetch(row_ptr(a, a->v, b, h, c0 + n + i) + o);                           \
+    for (int i = n + KAHEAD; i < n + KAHEAD + NB && i < w; i++)                                   \
+        for (int o = 0; o < row_bytes; o += 64)                                                   \
+            __builtin_prefetch(row_ptr(a, a->k, b, h, c0 + i) + o);
+#define STORE_SCORES(s, GB)                                                                       \
+    for (int i = 0; i < NB && n + i < w; i++)                                                     \
+        for (int j = 0; j < GB; j++) S[(g0 + j) * CH + n + i] = s[i * GB + j];
+
 /* Register tiles, instantiated per K/V element kind (LOAD) and head-group width GB (1, 2, 4, 8):
  *   qk: NB = 16 / GB positions x GB heads, 16 accumulators over d, one reduce16 per tile;
  *   pv: GB heads x DT = min(16 / GB, D / 16) vectors of d, 16 accumulators over positions. */
@@ -126,14 +151,10 @@ static inline const char *row_ptr(const args_t *a, const char *base, int b, int 
 static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int64_t c0, int w,   \
                              int g0, float *S) {                                                  \
     enum { NB = 16 / GB };                                                                        \
-    const int D = a->D, row_bytes = a->D * a->esize;                                             \
+    const int D = a->D;                                                                           \
     for (int n = 0; n < w; n += NB) {                                                             \
         const char *kr[NB];                                                                       \
-        for (int i = 0; i < NB; i++) kr[i] = row_ptr(a, a->k, b, h, c0 + (n + i < w ? n + i : n)); \
-        for (int i = 0; i < NB && n + i < w; i++) /* V rows of these positions, for pv */        \
-            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->v, b, h, c0 + n + i) + o); \
-        for (int i = n + KAHEAD; i < n + KAHEAD + NB && i < w; i++) /* K rows ahead */          \
-            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->k, b, h, c0 + i) + o); \
+        TILE_ROWS(kr)                                                                             \
         v16 acc[16];                                                                              \
         for (int j = 0; j < 16; j++) acc[j] = (v16){0};                                           \
         for (int d = 0; d < D; d += 16) {                                                         \
@@ -145,8 +166,7 @@ static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int6
             }                                                                                     \
         }                                                                                         \
         v16 s = reduce16(acc);                                                                    \
-        for (int i = 0; i < NB && n + i < w; i++)                                                 \
-            for (int j = 0; j < GB; j++) S[(g0 + j) * CH + n + i] = s[i * GB + j];                \
+        STORE_SCORES(s, GB)                                                                       \
     }                                                                                             \
 }                                                                                                 \
 static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, int g0,           \
@@ -177,7 +197,8 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
             }                                                                                     \
         }                                                                                         \
         for (int j = 0; j < GB; j++)                                                              \
-            for (int t = 0; t < nd; t++) *(v16u *)(acc + (int64_t)(g0 + j) * D + d0 + 16 * t) += r[j][t]; \
+            for (int t = 0; t < nd; t++)                                                          \
+                *(v16u *)(acc + (int64_t)(g0 + j) * D + d0 + 16 * t) += r[j][t];                  \
     }                                                                                             \
 }
 
@@ -185,8 +206,9 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
 #define LOAD_BF16(p, d) load_bf16((p) + 2 * (d))
 #define LOAD_F16(p, d) load_f16((p) + 2 * (d))
 #define LOAD_I8(p, d) load_i8((p) + (d))
-#define DEFINE_KIND(NAME, LOAD) \
-    DEFINE_TILES(NAME, LOAD, 1) DEFINE_TILES(NAME, LOAD, 2) DEFINE_TILES(NAME, LOAD, 4) DEFINE_TILES(NAME, LOAD, 8)
+#define DEFINE_KIND(NAME, LOAD)                                                                  \
+    DEFINE_TILES(NAME, LOAD, 1) DEFINE_TILES(NAME, LOAD, 2)                                       \
+    DEFINE_TILES(NAME, LOAD, 4) DEFINE_TILES(NAME, LOAD, 8)
 DEFINE_KIND(f32, LOAD_F32)
 DEFINE_KIND(bf16, LOAD_BF16)
 DEFINE_KIND(f16, LOAD_F16)
@@ -213,14 +235,10 @@ static const pv_fn PV[4][4] = {{pv_f32_1, pv_f32_2, pv_f32_4, pv_f32_8},
 static void qkdot_bf16_##GB(const args_t *a, const uint16_t *qb, int b, int h, int64_t c0, int w, \
                             int g0, float *S) {                                                   \
     enum { NB = 16 / GB };                                                                        \
-    const int D = a->D, row_bytes = a->D * a->esize;                                             \
+    const int D = a->D;                                                                           \
     for (int n = 0; n < w; n += NB) {                                                             \
         const char *kr[NB];                                                                       \
-        for (int i = 0; i < NB; i++) kr[i] = row_ptr(a, a->k, b, h, c0 + (n + i < w ? n + i : n)); \
-        for (int i = 0; i < NB && n + i < w; i++)                                                 \
-            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->v, b, h, c0 + n + i) + o); \
-        for (int i = n + KAHEAD; i < n + KAHEAD + NB && i < w; i++)                               \
-            for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(row_ptr(a, a->k, b, h, c0 + i) + o); \
+        TILE_ROWS(kr)                                                                             \
         v16 acc[16];                                                                              \
         for (int j = 0; j < 16; j++) acc[j] = (v16){0};                                           \
         for (int d = 0; d < D; d += 32) {                                                         \
@@ -233,8 +251,7 @@ static void qkdot_bf16_##GB(const args_t *a, const uint16_t *qb, int b, int h, i
             }                                                                                     \
         }                                                                                         \
         v16 s = reduce16(acc);                                                                    \
-        for (int i = 0; i < NB && n + i < w; i++)                                                 \
-            for (int j = 0; j < GB; j++) S[(g0 + j) * CH + n + i] = s[i * GB + j];                \
+        STORE_SCORES(s, GB)                                                                       \
     }                                                                                             \
 }
 DEFINE_QK_DOT(1) DEFINE_QK_DOT(2) DEFINE_QK_DOT(4) DEFINE_QK_DOT(8)
@@ -259,7 +276,11 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
     uint16_t qb[MAX_G * MAX_D] __attribute__((aligned(64)));
     const int use_dot = a->bf16_dot && a->kind == KIND_BF16 && D % 32 == 0;
     if (use_dot)  /* the query's bf16 values: the top half of their float32 bits, exactly */
-        for (int i = 0; i < G * D; i++) { uint32_t u; memcpy(&u, q + i, 4); qb[i] = (uint16_t)(u >> 16); }
+        for (int i = 0; i < G * D; i++) {
+            uint32_t u;
+            memcpy(&u, q + i, 4);
+            qb[i] = (uint16_t)(u >> 16);
+        }
 #endif
     for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; }
     memset(acc, 0, sizeof(float) * G * D);
@@ -279,7 +300,8 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
         for (int g = 0; g < G; g++) {
             float *s = S + g * CH;
             float bias = a->bias ? a->bias[(int64_t)r * G + g] : 0.0f;
-            for (int n = 0; n < w; n++) s[n] = (drop && drop[n]) ? -FLT_MAX : (s[n] + bias) * a->scale;
+            for (int n = 0; n < w; n++)
+                s[n] = (drop && drop[n]) ? -FLT_MAX : (s[n] + bias) * a->scale;
             for (int n = w; n < wp; n++) s[n] = -FLT_MAX;
             v16 vm = (v16){0} - FLT_MAX;
             for (int n = 0; n < wp; n += 16) { v16 x = *(v16 *)(s + n); vm = vmax(x, vm); }
@@ -329,9 +351,9 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
     static const int esize[4] = {4, 2, 2, 1};
     if (G < 1 || G > MAX_G || D < 16 || D > MAX_D || D % 16 || kind < 0 || kind > 3 || splits < 1)
         return -1;
-    args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh, sp, table,
-                table_stride, block_size, lo, hi, mask, mask_stride, batch * nkv, nkv, G, D, splits,
-                part_m, part_l, part_acc};
+    args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh,
+                sp, table, table_stride, block_size, lo, hi, mask, mask_stride, batch * nkv, nkv,
+                G, D, splits, part_m, part_l, part_acc};
     int items = a.rows * splits;
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;
