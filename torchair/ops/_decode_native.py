@@ -83,6 +83,8 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
     table = block_table.detach().to("cpu", torch.long).contiguous() \
         if block_table is not None else None
     mask_u8 = mask_b.contiguous().view(torch.uint8) if mask_b is not None else None
+    if mask_u8 is not None and mask_u8.shape[1] < int(hi.max()):
+        return None  # a mask narrower than the windows: the PyTorch path reports it
     bias = score_bias.reshape(rows, group).contiguous() if score_bias is not None else None
 
     window = int((hi - lo).clamp_min(0).max())
