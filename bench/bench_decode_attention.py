@@ -275,7 +275,8 @@ def main(argv=None):
                           f"{row['sdpa_ms']:.2f} ms", flush=True)
         print()
         print(H.format_table(["dtype", "B", "kv_len", "kernel ms", "GB/s", "x copy bw",
-                              "x read bw", "GFLOP/s", "blas ms", "vs blas", "sdpa ms", "vs sdpa", "paired", "check", "rounds"], table))
+                              "x read bw", "GFLOP/s", "blas ms", "vs blas", "sdpa ms",
+                              "vs sdpa", "paired", "check", "rounds"], table))
         print()
         if args.profile and device in _decode._kernels:
             for dname in dtypes:

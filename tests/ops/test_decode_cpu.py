@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from _decode_check import TOL, check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
@@ -10,23 +11,12 @@ from torchair.ops import _decode, _decode_cpu
 from torchair.ops._decode import decode_attention, decode_attention_reference
 from torchair.ops._decode_cpu import decode_attention_cpu
 
-TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 2e-3, "rtol": 2e-3},
-       torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2}}
-
 
 @pytest.fixture(params=[None, 8], ids=["auto-chunk", "chunk8"])
 def chunk(request, monkeypatch):
     """The automatic chunk size (one chunk at these sizes) and 8 positions (many chunks)."""
     monkeypatch.setattr(_decode_cpu, "CHUNK_SIZE", request.param)
     return request.param
-
-
-def _check(q, k, v, **kw):
-    out = decode_attention_cpu(q, k, v, **kw)
-    expected = decode_attention_reference(q, k, v, **kw)
-    assert out.dtype == q.dtype and out.shape == q.shape
-    torch.testing.assert_close(out.float(), expected.float(), **TOL[q.dtype])
-    return out
 
 
 @pytest.mark.parametrize("heads,nkv", [(4, 4), (4, 2), (4, 1), (8, 1)])

@@ -7,6 +7,7 @@ import shutil
 import pytest
 import torch
 
+from _decode_check import check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
@@ -14,8 +15,6 @@ from torchair.ops import _decode_cpu, _decode_native, _native
 from torchair.ops._decode import decode_attention_reference
 from torchair.ops._decode_cpu import decode_attention_cpu
 
-TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 2e-3, "rtol": 2e-3},
-       torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2}}
 HAVE_CC = shutil.which(os.environ.get("CC") or "cc") is not None
 needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler: the native kernel cannot be "
                               "built here (the PyTorch kernel is tested in test_decode_cpu.py)")
@@ -31,14 +30,6 @@ def native_only(monkeypatch):
         raise AssertionError("the native kernel declined these arguments")
 
     monkeypatch.setattr(_decode_cpu, "_blas_decode", no_blas)
-
-
-def _check(q, k, v, **kw):
-    out = decode_attention_cpu(q, k, v, **kw)
-    expected = decode_attention_reference(q, k, v, **kw)
-    assert out.dtype == q.dtype and out.shape == q.shape
-    torch.testing.assert_close(out.float(), expected.float(), **TOL[q.dtype])
-    return out
 
 
 @needs_cc

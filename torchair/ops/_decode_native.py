@@ -42,7 +42,9 @@ def _function():
 def bf16_dot() -> bool:
     """Whether the built kernel multiplies bf16 K by a bf16 query with bf16 dot products
     (AVX512-BF16: exact products, float32 sums)."""
-    return available() and bool(_native.load("decode_attention").torchair_decode_attention_bf16_dot())
+    if not available():
+        return False
+    return bool(_native.load("decode_attention").torchair_decode_attention_bf16_dot())
 
 
 def available() -> bool:
@@ -73,9 +75,9 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
             or k_cache.stride(-1) != 1 or dim % 16 or dim > _MAX_D or group > _MAX_G
             or k_cache.device.type != "cpu" or v_cache.device.type != "cpu"):
         return None
-    fn = _function() if _native.enabled() else None
-    if fn is None:
+    if not available():
         return None
+    fn = _function()
     batch = lo_b.shape[0]
     nkv = rows // batch
     lo = lo_b.contiguous()
