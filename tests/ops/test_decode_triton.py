@@ -92,14 +92,17 @@ def testto_blocks(block_size, dtype, heads, nkv):
 
 
 @interp
-@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("block_size", [0, 8, 16, 32])  # 0: contiguous cache
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_left_padding_and_mask(paged, dtype):
+def test_left_padding_and_mask(block_size, dtype):
+    # block_n 16: blocks of 8 take the per-position gather; 16 and 32 the one-block-per-chunk
+    # path, with windows starting inside a chunk (kv_start 23 and 3).
     q, k, v, _, g = _case(heads=4, nkv=2, seq=32, dim=16, dtype=dtype, seed=5)
     kw = {}
-    if paged:
-        table = block_table(2, 32, 8, g)
-        k, v, kw = to_blocks(k, 8, table), to_blocks(v, 8, table), {"block_table": table}
+    if block_size:
+        table = block_table(2, 32, block_size, g)
+        k, v = to_blocks(k, block_size, table), to_blocks(v, block_size, table)
+        kw = {"block_table": table}
     mask = torch.rand(2, 32, generator=g) < 0.3
     mask[1, 20:] = True  # a whole split fully masked
     _check(q, k, v, lengths=torch.tensor([9, 25]), kv_start=torch.tensor([23, 3]), mask=mask,

@@ -10,35 +10,38 @@ Design (two launches, no host reads of tensor values, so it may run inside a CUD
   the ``G = N // Nkv`` query heads of the group into one ``[G, D]`` tile (padded to powers of
   two, at least 16 for ``tl.dot``), reads ``lengths`` / ``kv_start`` / ``block_table`` / ``mask``
   from device memory, clamps the attended window ``[start, start + length)`` to ``[0, S)`` and
-  splits *that window* evenly over the ``num_splits`` programs (so the work per program follows
-  the actual lengths while the grid depends only on static shapes). Each program walks its part
-  in ``BLOCK_N`` chunks with a float32 online softmax (exp2 domain) and writes its partial
-  ``(m, l, acc)``.
+  splits *that window* (from the multiple of ``BLOCK_N`` at or below its start) evenly over the
+  ``num_splits`` programs (so the work per program follows the actual lengths while the grid
+  depends only on static shapes). Each program walks its part in ``BLOCK_N`` chunks with a
+  float32 online softmax (exp2 domain) and writes its partial ``(m, l, acc)``.
 * kernel 2, grid ``(B, N)``: merges the splits' partials and writes ``acc / l`` in q's dtype,
   zeros where nothing was attended (``l == 0``).
 
 Contiguous ``[B, Nkv, S, D]`` and paged ``[num_blocks, Nkv, block_size, D]`` caches are addressed
-through strides (paged: a per-position gather through ``block_table``). int8 KV is dequantized
-in registers, ``(x + offset) * scale`` in float32 with per-channel ``[Nkv, D]`` parameters. The
-two matmuls run on tensor cores in q's dtype (fp16 / bf16) with float32 accumulation; float32
-inputs use ``input_precision="ieee"`` (no TF32).
+through strides. Chunks start at multiples of ``BLOCK_N``, so when ``BLOCK_N`` divides
+``block_size`` (e.g. Ascend's 128) a chunk lies in one block: one block id per chunk and
+contiguous rows; smaller blocks take a per-position gather through ``block_table``. int8 KV is
+dequantized in registers, ``(x + offset) * scale`` in float32 with per-channel ``[Nkv, D]``
+parameters. The two matmuls run on tensor cores in q's dtype (fp16 / bf16) with float32
+accumulation; float32 inputs use ``input_precision="ieee"`` (no TF32).
 
 With ``TRITON_INTERPRET=1`` set before triton is imported, the kernels run in Triton's
 interpreter, on CPU tensors too; this is how they are tested without a GPU (slow: tiny shapes).
 The interpreted kernel differs from the compiled one only in its loop construct (``while``
 instead of ``range``, see ``WHILE_LOOP``) and, for bf16, in running the matmuls in float32 (the
-interpreter's bf16 ``tl.dot`` is wrong: numpy has no bfloat16).
+interpreter's bf16 ``tl.dot`` is wrong: numpy has no bfloat16). What the interpreter cannot
+show, the GPU compilation, is checked without a GPU by :mod:`torchair.ops._triton_aot`.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from torchair.ops._decode import register_decode_kernel
 # Triton is optional: without it (HAS_TRITON False) the CUDA decode falls back to the reference.
-from torchair.ops._triton_utils import HAS_TRITON, interpreted, next_pow2, tl, triton
+from torchair.ops._triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2, sm_count,
+                                        tl, triton)
 
 
 __all__ = ["HAS_TRITON", "choose_launch", "decode_attention_triton", "interpreted"]
@@ -48,13 +51,6 @@ _MIN_DOT = 16          # tl.dot needs every tile dimension >= 16
 _PROGRAMS_PER_SM = 4   # aim for >= 4 x SM-count programs in kernel 1 (latency hiding)
 _MAX_SPLITS = 128
 _MIN_CHUNKS_PER_SPLIT = 2  # at full length every split walks >= 2 BLOCK_N chunks
-_CPU_SM_COUNT = 4      # stand-in "SM count" for the interpreter (keeps splits > 1 in tests)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
 
 def choose_launch(batch: int, nkv: int, group: int, seq: int, dim: int, sm_count: int
                   ) -> dict[str, int]:
@@ -87,22 +83,32 @@ def choose_launch(batch: int, nkv: int, group: int, seq: int, dim: int, sm_count
 # TRITON_INTERPRET=1 was set before triton was imported (Triton decides at decoration time).
 # ----------------------------------------------------------------------------------------------
 
-def _attend_chunk(q, m_i, l_i, acc, n0, my_hi, K, V, Table, Mask, ks, ko, vs, vo, b64, hk,
+def _attend_chunk(q, m_i, l_i, acc, n0, lo, my_hi, K, V, Table, Mask, ks, ko, vs, vo, b64, hk,
                   qk_scale, block_size,
                   stride_kb, stride_kh, stride_ks, stride_kd,
                   stride_vb, stride_vh, stride_vs, stride_vd,
                   stride_tb, stride_mb, stride_ms,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                  PAGED: tl.constexpr, HAS_MASK: tl.constexpr,
-                  HAS_KS: tl.constexpr, HAS_KO: tl.constexpr, HAS_VS: tl.constexpr,
-                  HAS_VO: tl.constexpr, DOT_F32: tl.constexpr, PRECISION: tl.constexpr):
-    """One BLOCK_N chunk [n0, min(n0 + BLOCK_N, my_hi)) of the online softmax, all G heads."""
+                  PAGED: tl.constexpr, BLOCK_ALIGNED: tl.constexpr, CHECK_LO: tl.constexpr,
+                  HAS_MASK: tl.constexpr, HAS_KS: tl.constexpr, HAS_KO: tl.constexpr,
+                  HAS_VS: tl.constexpr, HAS_VO: tl.constexpr, DOT_F32: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """One BLOCK_N chunk ``[max(n0, lo), min(n0 + BLOCK_N, my_hi))`` of the online softmax, all
+    G heads (``n0`` is a multiple of BLOCK_N; positions below ``lo`` are checked only when
+    CHECK_LO says the window may start inside a chunk)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     pos = n0 + offs_n
     n_ok = pos < my_hi
-    if PAGED:
+    if CHECK_LO:
+        n_ok = n_ok & (pos >= lo)
+    if PAGED and BLOCK_ALIGNED:  # the chunk lies in one block: one block id, contiguous slots
+        blk = tl.load(Table + b64 * stride_tb + n0 // block_size).to(tl.int64)
+        k_base = blk * stride_kb + pos * 0
+        v_base = blk * stride_vb + pos * 0
+        slot = n0 % block_size + offs_n
+    elif PAGED:  # a gather by position through the block table
         blk = tl.load(Table + b64 * stride_tb + pos // block_size, mask=n_ok, other=0)
         k_base = blk.to(tl.int64) * stride_kb
         v_base = blk.to(tl.int64) * stride_vb
@@ -169,7 +175,8 @@ def _split_kv_kernel(
         stride_ab, stride_ah, stride_as,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-        HAS_START: tl.constexpr, PAGED: tl.constexpr, HAS_MASK: tl.constexpr,
+        HAS_START: tl.constexpr, PAGED: tl.constexpr, BLOCK_ALIGNED: tl.constexpr,
+        HAS_MASK: tl.constexpr,
         HAS_KS: tl.constexpr, HAS_KO: tl.constexpr, HAS_VS: tl.constexpr, HAS_VO: tl.constexpr,
         DOT_F32: tl.constexpr, PRECISION: tl.constexpr, WHILE_LOOP: tl.constexpr):
     b = tl.program_id(0)
@@ -184,7 +191,9 @@ def _split_kv_kernel(
     heads = hk * GROUP + offs_g  # the query heads of this kv head, packed as one tile
 
     # The attended window [lo, hi) clamped to [0, S), split evenly over NUM_SPLITS programs
-    # (device values: the grid is static, the work per program follows lengths).
+    # (device values: the grid is static, the work per program follows lengths). The splits
+    # start at a multiple of BLOCK_N at or below lo, so every chunk is BLOCK_N-aligned (and
+    # lies in one cache block when BLOCK_N divides block_size).
     length = tl.load(Lengths + b).to(tl.int64)
     if HAS_START:
         start = tl.load(Start + b).to(tl.int64)
@@ -193,9 +202,10 @@ def _split_kv_kernel(
     lo = tl.maximum(start, 0)
     hi = tl.minimum(start + length, seq_len)
     hi = tl.maximum(hi, lo)
-    per_split = (hi - lo + NUM_SPLITS - 1) // NUM_SPLITS
+    lo_aligned = lo // BLOCK_N * BLOCK_N
+    per_split = (hi - lo_aligned + NUM_SPLITS - 1) // NUM_SPLITS
     per_split = (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-    my_lo = lo + split * per_split
+    my_lo = lo_aligned + split * per_split
     my_hi = tl.minimum(my_lo + per_split, hi)
 
     q = tl.load(Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
@@ -225,20 +235,20 @@ def _split_kv_kernel(
         n0 = my_lo
         while n0 < my_hi:
             m_i, l_i, acc = _attend_chunk(
-                q, m_i, l_i, acc, n0, my_hi, K, V, Table, Mask, ks, ko, vs, vo, b64, hk,
+                q, m_i, l_i, acc, n0, lo, my_hi, K, V, Table, Mask, ks, ko, vs, vo, b64, hk,
                 qk_scale, block_size, stride_kb, stride_kh, stride_ks, stride_kd,
                 stride_vb, stride_vh, stride_vs, stride_vd, stride_tb, stride_mb, stride_ms,
-                HEAD_DIM, BLOCK_D, BLOCK_N, PAGED, HAS_MASK, HAS_KS, HAS_KO, HAS_VS, HAS_VO,
-                DOT_F32, PRECISION)
+                HEAD_DIM, BLOCK_D, BLOCK_N, PAGED, BLOCK_ALIGNED, HAS_START, HAS_MASK, HAS_KS,
+                HAS_KO, HAS_VS, HAS_VO, DOT_F32, PRECISION)
             n0 += BLOCK_N
     else:  # compiled: an scf.for the software pipeliner can overlap loads with compute
         for n0 in range(my_lo, my_hi, BLOCK_N):
             m_i, l_i, acc = _attend_chunk(
-                q, m_i, l_i, acc, n0, my_hi, K, V, Table, Mask, ks, ko, vs, vo, b64, hk,
+                q, m_i, l_i, acc, n0, lo, my_hi, K, V, Table, Mask, ks, ko, vs, vo, b64, hk,
                 qk_scale, block_size, stride_kb, stride_kh, stride_ks, stride_kd,
                 stride_vb, stride_vh, stride_vs, stride_vd, stride_tb, stride_mb, stride_ms,
-                HEAD_DIM, BLOCK_D, BLOCK_N, PAGED, HAS_MASK, HAS_KS, HAS_KO, HAS_VS, HAS_VO,
-                DOT_F32, PRECISION)
+                HEAD_DIM, BLOCK_D, BLOCK_N, PAGED, BLOCK_ALIGNED, HAS_START, HAS_MASK, HAS_KS,
+                HAS_KO, HAS_VS, HAS_VO, DOT_F32, PRECISION)
 
     row = b64 * stride_ab + heads.to(tl.int64) * stride_ah + split * stride_as
     tl.store(MOut + row, m_i, mask=g_ok)
@@ -301,8 +311,6 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     ``num_splits`` / ``block_n`` override the static heuristics (``choose_launch``; tests).
     Never reads tensor values on the host: capturable in a CUDA graph.
     """
-    if not HAS_TRITON:
-        raise RuntimeError("decode_attention_triton needs the 'triton' package")
     batch, heads, dim = q.shape
     nkv = k_cache.shape[1]
     if heads % nkv:
@@ -315,14 +323,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_size = 1
         seq = k_cache.shape[2]
     device = q.device
-    interpret = interpreted()
-    if device.type != "cuda" and not interpret:
-        raise RuntimeError(
-            "decode_attention_triton on non-CUDA tensors needs Triton's interpreter: set "
-            "TRITON_INTERPRET=1 before triton and torchair.ops are imported")
-    sms = _CPU_SM_COUNT if device.type != "cuda" else _sm_count(
-        device.index if device.index is not None else torch.cuda.current_device())
-    cfg = choose_launch(batch, nkv, group, seq, dim, sms)
+    interpret = launch_mode(device, "decode_attention_triton")
+    cfg = choose_launch(batch, nkv, group, seq, dim, sm_count(device))
     if block_n is not None:
         cfg["BLOCK_N"] = max(_MIN_DOT, next_pow2(block_n))
     splits = int(num_splits) if num_splits is not None else cfg["num_splits"]
@@ -340,7 +342,7 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     start_d = kv_start.to(device) if kv_start is not None else lengths_d  # dummy when absent
     table = block_table if block_table is not None else lengths_d
     if mask is not None:
-        mask_d = mask.view(torch.uint8) if mask.dtype == torch.bool else (mask != 0).view(torch.uint8)
+        mask_d = (mask if mask.dtype == torch.bool else mask != 0).view(torch.uint8)
         stride_mb, stride_ms = mask_d.stride(0), mask_d.stride(1)
     else:
         mask_d, stride_mb, stride_ms = lengths_d, 0, 0
@@ -369,7 +371,9 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         m_part.stride(0), m_part.stride(1), m_part.stride(2),
         GROUP=group, HEAD_DIM=dim, NUM_SPLITS=splits,
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=cfg["BLOCK_N"],
-        HAS_START=kv_start is not None, PAGED=block_table is not None, HAS_MASK=mask is not None,
+        HAS_START=kv_start is not None, PAGED=block_table is not None,
+        BLOCK_ALIGNED=block_table is not None and block_size % cfg["BLOCK_N"] == 0,
+        HAS_MASK=mask is not None,
         HAS_KS=ks is not None, HAS_KO=ko is not None, HAS_VS=vs is not None,
         HAS_VO=vo is not None, DOT_F32=dot_f32, PRECISION="ieee" if dot_f32 else "tf32",
         WHILE_LOOP=interpret,

@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 
 from torchair.ops._norm_cpu import rstd_shape
-from torchair.ops._triton_utils import HAS_TRITON, interpreted, next_pow2, rint, tl, triton
+from torchair.ops._triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2, rint, tl,
+                                        triton)
 
 
 __all__ = ["HAS_TRITON", "MAX_WIDTH", "add_rms_norm_dynamic_quant_triton", "add_rms_norm_triton",
@@ -145,14 +146,8 @@ if HAS_TRITON:
 
 
 def _launch_options(x: torch.Tensor, block: int) -> dict:
-    if not HAS_TRITON:
-        raise RuntimeError("the Triton norm kernels need the 'triton' package; install triton "
-                           "or run on CPU")
-    if interpreted():
+    if launch_mode(x.device, "the Triton norm kernels"):
         return {}
-    if x.device.type != "cuda":
-        raise RuntimeError(f"the Triton norm kernels got a tensor on {x.device}; they need CUDA "
-                           f"tensors, or TRITON_INTERPRET=1 set before triton is imported")
     return {"num_warps": _num_warps(block)}
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchair.ops._triton_utils import HAS_TRITON, interpreted, next_pow2, tl, triton
+from torchair.ops._triton_utils import HAS_TRITON, interpreted, launch_mode, next_pow2, tl, triton
 from torchair.ops._triton_utils import rint as _rint
 
 
@@ -196,16 +196,6 @@ if HAS_TRITON:
     _swiglu_quant_kernel = triton.jit(_swiglu_quant_kernel)
 
 
-def _check_device(device: torch.device, what: str) -> bool:
-    if not HAS_TRITON:
-        raise RuntimeError(f"{what} needs the 'triton' package")
-    interpret = interpreted()
-    if device.type != "cuda" and not interpret:
-        raise RuntimeError(f"{what} on non-CUDA tensors needs Triton's interpreter: set "
-                           "TRITON_INTERPRET=1 before triton and torchair.ops are imported")
-    return interpret
-
-
 def _matmul_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int]:
     block_m = max(_MIN_DOT, min(128, next_pow2(m)))
     block_n = max(_MIN_DOT, min(128, next_pow2(n)))
@@ -238,7 +228,7 @@ def quant_matmul_triton(x1: torch.Tensor, x2: torch.Tensor, plan: QuantMatmulPla
     overrides the heuristic; tests)."""
     if blocks is not None:
         blocks = check_matmul_blocks(blocks)
-    interpret = _check_device(x1.device, "quant_matmul_triton")
+    interpret = launch_mode(x1.device, "quant_matmul_triton")
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
     m, k = x1.shape[-2:]
     n = x2.shape[-1]
@@ -281,7 +271,7 @@ def dequant_swiglu_quant_triton(plan: SwigluQuantPlan, block_h: int | None = Non
     """``npu_dequant_swiglu_quant`` with the Triton kernel: ``(y [T, H], scale [T])``
     (``block_h``: a power of two, overrides the chunk width; tests)."""
     x = plan.x
-    interpret = _check_device(x.device, "dequant_swiglu_quant_triton")
+    interpret = launch_mode(x.device, "dequant_swiglu_quant_triton")
     tokens, width = x.shape
     h = width // 2
     dev = x.device
