@@ -52,6 +52,7 @@ _PROGRAMS_PER_SM = 4   # aim for >= 4 x SM-count programs in kernel 1 (latency h
 _MAX_SPLITS = 128
 _MIN_CHUNKS_PER_SPLIT = 2  # at full length every split walks >= 2 BLOCK_N chunks
 
+
 def choose_launch(batch: int, nkv: int, group: int, seq: int, dim: int, sm_count: int
                   ) -> dict[str, int]:
     """Static launch parameters from shapes only (never from ``lengths`` values).
