@@ -28,6 +28,7 @@ import dataclasses
 import os
 import re
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -131,7 +132,6 @@ def resource_usage(cubin: bytes) -> dict[str, Any]:
     tool = _nvidia_tool("cuobjdump")
     if tool is None:
         return {}
-    import tempfile
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
