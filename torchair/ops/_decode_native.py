@@ -26,9 +26,17 @@ MIN_SPLIT = 512            # fewest positions in one split of a row's window
 _SERIAL_WORK = 1024         # rows x positions under which one thread is used
 
 
+# every function of the library called here: a library lacking one is rebuilt or refused by load
+_SYMBOLS = ("torchair_decode_attention", "torchair_decode_attention_bf16_dot")
+
+
+def _library():
+    return _native.load("decode_attention", symbols=_SYMBOLS)
+
+
 @functools.lru_cache(maxsize=None)
 def _function():
-    lib = _native.load("decode_attention")
+    lib = _library()
     if lib is None:
         return None
     fn = lib.torchair_decode_attention
@@ -44,7 +52,7 @@ def bf16_dot() -> bool:
     (AVX512-BF16: exact products, float32 sums)."""
     if not available():
         return False
-    return bool(_native.load("decode_attention").torchair_decode_attention_bf16_dot())
+    return bool(_library().torchair_decode_attention_bf16_dot())
 
 
 def available() -> bool:

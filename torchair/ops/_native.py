@@ -2,45 +2,86 @@
 
 Some CPU kernels are bound by arithmetic the BLAS calls of a plain PyTorch implementation do
 badly (decode attention's thin ``[G, D] x [D, C]`` products), so they have a C version with
-register tiles. ``load(name)`` returns the ``ctypes.CDLL`` of ``csrc/<name>.c``, or ``None``
-when it cannot be had; callers then use their PyTorch path, so a machine without a C compiler
-loses speed, never results.
+register tiles. ``load(name, symbols=(...))`` returns the ``ctypes.CDLL`` of ``csrc/<name>.c``
+once every required symbol is found in it, or ``None`` when it cannot be had; callers then use
+their PyTorch path, so a machine without a C compiler loses speed, never results.
 
 Build: ``$CC`` (default ``cc``) with ``-O3 -march=native -fopenmp`` (in a PyTorch process the
 library uses PyTorch's own OpenMP runtime and threads: the dynamic linker loads ``libgomp`` once),
-into
-``$TORCHAIR_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/torchair/kernels``, else
-``~/.cache/torchair/kernels``) under a name hashed from the source, the flags, the compiler's
-version and this CPU's model and flags, so an edited kernel or another machine never loads a
-stale library. The directory must belong to the current user and be writable by nobody else
-(the checks of the ``cache_compile`` store); the library is compiled to a temporary name and
-renamed into place, so concurrent first uses are safe. A failed build is logged once as a
-warning with the compiler's message. ``TORCHAIR_NATIVE_KERNELS=0`` turns native kernels off.
+into ``$TORCHAIR_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/torchair/kernels``, else
+``~/.cache/torchair/kernels``). A *stem* ``<name>-<key>`` is hashed from the source, the flags,
+the compiler's version and this CPU's model and flags, so an edited kernel or another machine
+never loads a stale library. The directory must belong to the current user and be writable by
+nobody else (the checks of the ``cache_compile`` store); so must every file read from it.
+
+Files per stem, all mode 0600:
+
+- ``<stem>-<sha16>.so``: the library, named after the first 16 hex digits of its own sha256.
+  The compiler writes ``.tmp-<stem>-*.so``, which is ``fsync``-ed, renamed into place, and the
+  directory ``fsync``-ed: a crash never leaves a half-written library under its final name.
+- ``<stem>.json``: the record (format, library file name, size, sha256), written the same way
+  (temp file, ``fsync``, rename, directory ``fsync``) and only after the library is in place.
+- ``<stem>.lock``: an ``flock`` held while checking, building and loading, so concurrent first
+  uses build once.
+
+Before ``dlopen`` the library is checked against its record: ``dlopen`` of a truncated library
+can kill the process with SIGBUS, an empty or overwritten one fails in odd ways. A missing or
+invalid record, a missing library, or a size or sha256 mismatch is logged as a WARNING naming the
+file and the reason; the library and record are removed and rebuilt. A required symbol missing
+after loading: WARNING naming it, one rebuild, and ``None`` (with a WARNING) when it is still
+missing. A rebuilt library with other content gets another file name, because ``dlopen`` hands
+back the handle it already has for a path it loaded before in this process (same name means
+same bytes, so that handle is then the right one). Symlinks, non-regular files, files of
+another user or writable by others are refused, not rebuilt: the user must look. Temp files
+older than ``$TORCHAIR_CACHE_LEFTOVER_SECONDS`` (an hour) left by crashed builds are swept (see
+``torchair.inference._cache_store.sweep_leftovers``). A failed build is logged once as a warning
+with the compiler's message. ``TORCHAIR_NATIVE_KERNELS=0`` turns native kernels off.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
+import json
 import os
 import pathlib
 import platform
+import re
 import secrets
 import stat
 import subprocess
 import threading
 import time
+from typing import Iterable, Iterator
 
 from torchair.core.utils import logger
 
-__all__ = ["ENV_DISABLE", "ENV_CACHE", "FLAGS", "cache_dir", "enabled", "load"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: builds are still atomic, only not deduplicated
+    fcntl = None
+
+__all__ = ["ENV_DISABLE", "ENV_CACHE", "FLAGS", "cache_dir", "cpu_signature", "enabled",
+           "load"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-fPIC",
          "-shared")
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
+_RECORD_FORMAT = "torchair.native_kernel"
+_RECORD_VERSION = 1
+_FILE_MODE = 0o600
 _lock = threading.Lock()
+
+
+class _Damaged(Exception):
+    """The cached library or its record is truncated, overwritten or missing: rebuild it."""
+
+    def __init__(self, path: pathlib.Path, reason: str):
+        super().__init__(f"{os.fspath(path)}: {reason}")
+        self.path, self.reason = path, reason
 
 
 def enabled() -> bool:
@@ -56,17 +97,34 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(os.path.abspath(base)) / "torchair" / "kernels"
 
 
-def load(name: str) -> ctypes.CDLL | None:
-    """The library built from ``csrc/<name>.c``, or None (disabled, no compiler, build failed)."""
+def load(name: str, *, symbols: Iterable[str] = ()) -> ctypes.CDLL | None:
+    """The library built from ``csrc/<name>.c``, or None (disabled, no compiler, build failed,
+    a symbol of ``symbols`` missing even after a rebuild). Pass every symbol the caller looks up,
+    so a library lacking one is rebuilt or refused here rather than failing at the call."""
+    symbols = _check_symbols(symbols)
     if not enabled():
         return None
     with _lock:
-        return _load(name, _compiler(), cache_dir())
+        return _load(name, _compiler(), cache_dir(), symbols, _SRC_DIR)
+
+
+def _check_symbols(symbols: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(symbols, str):
+        raise TypeError(f"load: symbols={symbols!r} is a string; pass a tuple of symbol names, "
+                        f"e.g. ({symbols!r},)")
+    symbols = tuple(symbols)
+    if not all(isinstance(sym, str) and sym for sym in symbols):
+        raise TypeError(f"load: symbols={symbols!r}: expected non-empty symbol names (str)")
+    return symbols
 
 
 @functools.lru_cache(maxsize=None)
-def _load(name: str, compiler: str, root: pathlib.Path) -> ctypes.CDLL | None:
-    source = _SRC_DIR / f"{name}.c"
+def _load(name: str, compiler: str, root: pathlib.Path, symbols: tuple[str, ...] = (),
+          src_dir: pathlib.Path = _SRC_DIR) -> ctypes.CDLL | None:
+    """``load`` once per process and argument set: try-load, lock, check, build, load (see the
+    module doc). Raises ValueError when the source is missing; returns None for everything
+    else that goes wrong (OSError, RuntimeError, a failed compiler), with a warning."""
+    source = src_dir / f"{name}.c"
     try:
         text = source.read_bytes()
     except OSError as exc:
@@ -77,20 +135,65 @@ def _load(name: str, compiler: str, root: pathlib.Path) -> ctypes.CDLL | None:
                     "(set CC to a C compiler for the faster one)", name, compiler)
         return None
     key = hashlib.sha256(b"\0".join([text, " ".join(FLAGS).encode(), version.encode(),
-                                     _cpu_signature().encode()])).hexdigest()[:20]
+                                     cpu_signature().encode()])).hexdigest()[:20]
     try:
         from torchair.inference._cache_store import ensure_dir
         directory = ensure_dir(root)
-        path = directory / f"{name}-{key}.so"
-        if not os.path.lexists(path):
-            _build(name, compiler, source, directory, path)
-        _check_file(path)
-        return ctypes.CDLL(os.fspath(path))
+        stem = f"{name}-{key}"
+        with _locked(directory / f"{stem}.lock"):
+            _sweep(directory)
+            return _load_checked(name, compiler, source, directory, stem, symbols)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("native CPU kernel %s could not be built or loaded (%s); using the PyTorch "
                        "kernel, which is slower (set %s=0 to silence this)", name, exc,
                        ENV_DISABLE)
         return None
+
+
+def _load_checked(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Path,
+                  stem: str, symbols: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The verified (else rebuilt) library, with every symbol of ``symbols`` (else rebuilt once,
+    else None)."""
+    lib, path = _open_library(name, compiler, source, directory, stem)
+    missing = _missing_symbols(lib, symbols)
+    if not missing:
+        return lib
+    logger.warning("native CPU kernel %s: library %s lacks the symbol(s) %s; removing it and "
+                   "rebuilding once", name, path, ", ".join(missing))
+    path = _build(name, compiler, source, directory, stem)
+    lib = ctypes.CDLL(os.fspath(path))
+    missing = _missing_symbols(lib, symbols)
+    if missing:
+        logger.warning("native CPU kernel %s: the rebuilt library %s still lacks the symbol(s) "
+                       "%s (are they defined, and not static, in %s?); using the PyTorch kernel",
+                       name, path, ", ".join(missing), source)
+        return None
+    return lib
+
+
+def _open_library(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Path,
+                  stem: str) -> tuple[ctypes.CDLL, pathlib.Path]:
+    """``dlopen`` the cached library once it matches its record; a damaged one (see the module
+    doc) is logged, removed and rebuilt, and so is an absent one."""
+    try:
+        path = _cached_library(directory, stem)
+    except _Damaged as exc:
+        logger.warning("native CPU kernel %s: cached file %s is damaged (%s); removing the "
+                       "library and its record and rebuilding", name, exc.path, exc.reason)
+        path = None
+    if path is None:
+        path = _build(name, compiler, source, directory, stem)
+    return ctypes.CDLL(os.fspath(path)), path
+
+
+def _missing_symbols(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> list[str]:
+    missing = []
+    for sym in symbols:
+        try:
+            lib[sym]  # a dlsym lookup; AttributeError when absent
+        except AttributeError:
+            missing.append(sym)
+    return missing
 
 
 def _compiler() -> str:
@@ -107,7 +210,7 @@ def _compiler_version(compiler: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     """CPU model and feature flags (what ``-march=native`` compiles for)."""
     parts = [platform.machine()]
     try:
@@ -122,9 +225,101 @@ def _cpu_signature() -> str:
     return "\n".join(parts)
 
 
+# ---------------------------------------------------------------------------------------------
+# the cached files: checked before dlopen, written durably
+
+
+def _read_private(path: pathlib.Path) -> bytes | None:
+    """The bytes of ``path``, None when absent. Looked at with ``lstat`` before opening (never
+    through a symlink, never a FIFO or device) and checked again on the open file; it must be a
+    regular file of the current user writable by nobody else (RuntimeError otherwise)."""
+    try:
+        _check_file(path, os.lstat(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    try:
+        _check_file(path, os.fstat(fd))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _check_file(path: pathlib.Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{os.fspath(path)!r} is not a regular file of the current user "
+                           f"writable only by them; refusing to load it (remove it)")
+
+
+def _cached_library(directory: pathlib.Path, stem: str) -> pathlib.Path | None:
+    """The cached library of ``stem`` once its size and sha256 match its record; None when
+    nothing is cached. Raises ``_Damaged`` (rebuild) or RuntimeError (unsafe file: refuse)."""
+    record_path = directory / f"{stem}.json"
+    raw = _read_private(record_path)
+    if raw is None:
+        orphans = _libraries(directory, stem)
+        if orphans:
+            raise _Damaged(orphans[0], f"no record {record_path.name} beside it (an interrupted "
+                                       f"build, or the record was removed)")
+        return None
+    record = _parse_record(record_path, raw, stem)
+    path = directory / record["library"]
+    data = _read_private(path)
+    if data is None:
+        raise _Damaged(path, f"missing, though {record_path.name} names it")
+    if len(data) != record["size"]:
+        raise _Damaged(path, f"{len(data)} bytes, its record says {record['size']} (truncated or "
+                             f"overwritten)")
+    if hashlib.sha256(data).hexdigest() != record["sha256"]:
+        raise _Damaged(path, "its sha256 does not match its record (corrupted or overwritten)")
+    return path
+
+
+def _parse_record(path: pathlib.Path, raw: bytes, stem: str) -> dict:
+    try:
+        record = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _Damaged(path, f"not valid JSON ({exc})") from None
+    valid = (
+        isinstance(record, dict)
+        and record.get("format") == _RECORD_FORMAT
+        and record.get("version") == _RECORD_VERSION
+        and isinstance(record.get("library"), str)
+        and re.fullmatch(re.escape(stem) + r"-[0-9a-f]{16}\.so", record["library"]) is not None
+        and type(record.get("size")) is int
+        and isinstance(record.get("sha256"), str)
+        and re.fullmatch(r"[0-9a-f]{64}", record["sha256"]) is not None
+    )
+    if not valid:
+        raise _Damaged(path, f"not a version-{_RECORD_VERSION} record of a {stem} library")
+    return record
+
+
+def _libraries(directory: pathlib.Path, stem: str) -> list[pathlib.Path]:
+    return sorted(directory.glob(f"{stem}-*.so"))
+
+
+def _remove(directory: pathlib.Path, stem: str) -> None:
+    """Remove the record, then every library, of ``stem`` (the record first: a crash in between
+    leaves libraries without a record, which the next load removes)."""
+    for path in [directory / f"{stem}.json", *_libraries(directory, stem)]:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def _build(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Path,
-           path: pathlib.Path) -> None:
-    tmp = directory / f".{name}-{secrets.token_hex(6)}.so.tmp"
+           stem: str) -> pathlib.Path:
+    """Compile ``source`` into ``<stem>-<sha16>.so`` (replacing whatever ``stem`` had), durably:
+    temp file, fsync, rename, directory fsync, then the record the same way. Returns the path."""
+    from torchair.inference._cache_store import _fsync_dir
+
+    _remove(directory, stem)
+    tmp = directory / f".tmp-{stem}-{secrets.token_hex(6)}.so"
     cmd = [compiler, *FLAGS, os.fspath(source), "-o", os.fspath(tmp)]
     logger.info("building native CPU kernel %s (first use on this machine): %s", name,
                 " ".join(cmd))
@@ -133,16 +328,72 @@ def _build(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Pa
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()[-2000:]}")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)  # atomic: a concurrent build of the same key leaves one good file
+        data = _sync_output(tmp)
+        digest = hashlib.sha256(data).hexdigest()
+        path = directory / f"{stem}-{digest[:16]}.so"
+        os.replace(tmp, path)
+        _fsync_dir(directory)
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+    _write_record(directory, stem, {"format": _RECORD_FORMAT, "version": _RECORD_VERSION,
+                                    "library": path.name, "size": len(data), "sha256": digest})
     logger.info("built %s in %.1f s", path, time.perf_counter() - start)
+    return path
 
 
-def _check_file(path: pathlib.Path) -> None:
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"{os.fspath(path)!r} is not a regular file of the current user "
-                           f"writable only by them; refusing to load it (remove it)")
+def _sync_output(tmp: pathlib.Path) -> bytes:
+    """Make the compiler's output mode 0600, fsync it, and return its bytes (never empty)."""
+    fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            raise RuntimeError(f"the C compiler left no library in {os.fspath(tmp)!r} (an empty "
+                               f"or non-regular file); check the compiler ($CC)")
+        os.fchmod(fd, _FILE_MODE)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        os.fsync(fd)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_record(directory: pathlib.Path, stem: str, record: dict) -> None:
+    """Write ``<stem>.json`` atomically and durably, mode 0600."""
+    from torchair.inference._cache_store import _fsync_dir, _write_file
+
+    tmp = directory / f".tmp-{stem}-{secrets.token_hex(6)}.json"
+    try:
+        _write_file(tmp, json.dumps(record, indent=1, sort_keys=True).encode())
+        os.replace(tmp, directory / f"{stem}.json")
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(directory)
+
+
+@contextlib.contextmanager
+def _locked(path: pathlib.Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created 0600): one process checks, builds and
+    loads a stem at a time, so concurrent first uses build once."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, _FILE_MODE)
+    try:
+        _check_file(path, os.fstat(fd))
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _sweep(directory: pathlib.Path) -> None:
+    """Remove temp files of crashed builds (old ``.tmp-*``); a failure only costs disk space."""
+    from torchair.inference._cache_store import sweep_leftovers
+
+    try:
+        sweep_leftovers(directory)
+    except (OSError, ValueError) as exc:
+        logger.warning("native CPU kernels: could not sweep old temp files from %s (%s)",
+                       directory, exc)
