@@ -416,3 +416,247 @@ def test_load_tensors_rejects_non_dict_and_garbage():
 
 def test_read_entry_under_missing_parent_is_none(root):
     assert cs.read_entry(root / "no" / "such" / "forward") is None
+
+
+# --- non-regular files: refused without opening -----------------------------------------------
+
+
+def _read_in_thread(entry, timeout=5.0):
+    """``read_entry(entry)`` in a daemon thread: the outcome (value or exception), or a failure
+    when it does not return within ``timeout`` s (a FIFO opened without a writer blocks forever:
+    a regression hangs visibly, not the whole test run)."""
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = cs.read_entry(entry)
+        except BaseException as e:  # handed to the test thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        pytest.fail(f"read_entry({entry}) blocked for {timeout} s (it opened a FIFO?)")
+    return outcome
+
+
+def _make_fifo(path):
+    os.mkfifo(path, 0o600)
+
+
+def _make_dir(path):
+    os.mkdir(path, 0o700)
+
+
+def _make_chardev(path):
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # like /dev/null
+    except PermissionError:
+        pytest.skip("creating a character device needs root (mknod: permission denied)")
+
+
+@pytest.mark.parametrize(
+    "make, kind",
+    [(_make_fifo, "fifo"), (_make_dir, "directory"), (_make_chardev, "character device")],
+)
+@pytest.mark.parametrize("name", ["meta.json", cs.MANIFEST])
+def test_listed_non_regular_file_refused_without_opening(root, make, kind, name):
+    entry = _entry(root)
+    cs.write_entry(entry, FILES)
+    (entry / name).unlink()
+    make(entry / name)
+    outcome = _read_in_thread(entry)
+    assert isinstance(outcome.get("error"), BrokenCacheError), outcome
+    message = str(outcome["error"])
+    assert f"{name!r} is a {kind}, not a regular file" in message and str(entry) in message
+    cs.discard_entry(entry)
+    assert cs.write_entry(entry, FILES) is True and cs.read_entry(entry) == FILES
+
+
+def test_unlisted_fifo_refused_without_opening(root):
+    entry = _entry(root)
+    cs.write_entry(entry, FILES)
+    _make_fifo(entry / "extra.pipe")
+    outcome = _read_in_thread(entry)
+    assert isinstance(outcome.get("error"), BrokenCacheError), outcome
+    assert "not in the manifest: 'extra.pipe' (fifo)" in str(outcome["error"])
+
+
+def test_fifo_swapped_in_after_the_check_does_not_block(root, monkeypatch):
+    """The second line of defence: should a FIFO replace a file between the lstat and the open,
+    O_NONBLOCK keeps the open from blocking and the fstat check refuses it."""
+    entry = _entry(root)
+    cs.write_entry(entry, FILES)
+    (entry / "meta.json").unlink()
+    _make_fifo(entry / "meta.json")
+    monkeypatch.setattr(cs, "_lstat_regular", lambda *args: None)
+    monkeypatch.setattr(cs, "_list_entry", lambda entry_dir, fd: {
+        name: "regular file" for name in os.listdir(entry_dir)})
+    outcome = _read_in_thread(entry)
+    assert isinstance(outcome.get("error"), BrokenCacheError), outcome
+    assert "'meta.json' is a fifo" in str(outcome["error"])
+
+
+# --- sweep_leftovers --------------------------------------------------------------------------
+
+
+def _age(path, seconds):
+    """Set ``path``'s mtime (never through a symlink) ``seconds`` into the past."""
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def _leftover_tree(parent, name, age):
+    path = parent / name
+    os.mkdir(path, 0o700)
+    (path / "data.bin").write_bytes(b"x" * 10)
+    os.mkdir(path / "sub", 0o700)
+    (path / "sub" / "more.bin").write_bytes(b"y")
+    _age(path, age)
+    return path
+
+
+@pytest.fixture
+def no_leftover_env(monkeypatch):
+    monkeypatch.delenv(cs.LEFTOVER_MAX_AGE_ENV, raising=False)
+
+
+def test_sweep_removes_old_leftovers_keeps_young_ones(root, no_leftover_env, torchair_log):
+    import logging
+
+    entry = _entry(root)
+    parent = entry.parent
+    cs.write_entry(entry, FILES)
+    _leftover_tree(parent, ".tmp-forward-1-aa", 7200)
+    _leftover_tree(parent, ".trash-forward-2-bb", 3700)
+    (parent / ".tmp-file").write_bytes(b"z")
+    _age(parent / ".tmp-file", 4000)
+    _leftover_tree(parent, ".tmp-forward-3-young", 60)  # a writer still at work
+    _leftover_tree(parent, ".trash-young", 3500)
+    removed = cs.sweep_leftovers(parent)
+    assert removed == [".tmp-file", ".tmp-forward-1-aa", ".trash-forward-2-bb"]
+    assert sorted(p.name for p in parent.iterdir()) == [
+        ".tmp-forward-3-young", ".trash-young", "forward"]
+    assert cs.read_entry(entry) == FILES
+    debug = [r.getMessage() for r in torchair_log if r.levelno == logging.DEBUG]
+    info = [r.getMessage() for r in torchair_log if r.levelno == logging.INFO]
+    assert sum("removed torchair cache leftover" in m for m in debug) == 3
+    assert len(info) == 1 and "removed 3 torchair cache leftover(s)" in info[0]
+    torchair_log.clear()
+    assert cs.sweep_leftovers(parent) == []
+    assert not [r for r in torchair_log if r.levelno >= logging.INFO]  # nothing to say
+
+
+def test_sweep_never_touches_entries_or_foreign_names(root, no_leftover_env):
+    entry = _entry(root)
+    parent = entry.parent
+    cs.write_entry(entry, FILES)
+    for name in ("notes.tmp-", "tmp-x", "trash-y", "unit-build", ".hidden", "x.tmp"):
+        (parent / name).write_bytes(b"keep")
+        _age(parent / name, 10 ** 6)
+    _age(entry, 10 ** 6)
+    _age(entry / cs.MANIFEST, 10 ** 6)
+    (entry / ".tmp-inside-an-entry").write_bytes(b"not recursive")
+    _age(entry / ".tmp-inside-an-entry", 10 ** 6)
+    before = sorted(os.listdir(parent))
+    assert cs.sweep_leftovers(parent, 0) == []
+    assert sorted(os.listdir(parent)) == before
+    assert (entry / ".tmp-inside-an-entry").exists()
+
+
+def test_sweep_removes_symlink_leftovers_not_their_targets(root, tmp_path, no_leftover_env):
+    target_dir = cs.ensure_dir(tmp_path / "precious")
+    (target_dir / "file").write_bytes(b"precious")
+    target_file = tmp_path / "precious.bin"
+    target_file.write_bytes(b"precious")
+    (root / ".tmp-link-dir").symlink_to(target_dir)
+    (root / ".trash-link-file").symlink_to(target_file)
+    (root / ".tmp-dangling").symlink_to(tmp_path / "nowhere")
+    for name in (".tmp-link-dir", ".trash-link-file", ".tmp-dangling"):
+        _age(root / name, 7200)
+    _age(target_dir, 0)  # the targets are young: only the links' own mtimes count
+    assert cs.sweep_leftovers(root) == [".tmp-dangling", ".tmp-link-dir", ".trash-link-file"]
+    assert os.listdir(root) == []
+    assert (target_dir / "file").read_bytes() == b"precious"
+    assert target_file.read_bytes() == b"precious"
+
+
+def test_sweep_max_age_env_override_and_argument(root, monkeypatch):
+    _leftover_tree(root, ".tmp-a", 600)
+    monkeypatch.delenv(cs.LEFTOVER_MAX_AGE_ENV, raising=False)
+    assert cs.sweep_leftovers(root) == []  # default: an hour
+    monkeypatch.setenv(cs.LEFTOVER_MAX_AGE_ENV, "7200")
+    assert cs.sweep_leftovers(root, max_age=300) == [".tmp-a"]  # the argument wins
+    _leftover_tree(root, ".tmp-b", 600)
+    assert cs.sweep_leftovers(root) == []
+    monkeypatch.setenv(cs.LEFTOVER_MAX_AGE_ENV, " 300.5 ")
+    assert cs.sweep_leftovers(root) == [".tmp-b"]
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
+def test_sweep_invalid_env_value(root, monkeypatch, value):
+    _leftover_tree(root, ".tmp-a", 10 ** 6)
+    monkeypatch.setenv(cs.LEFTOVER_MAX_AGE_ENV, value)
+    with pytest.raises(ValueError, match=rf"{cs.LEFTOVER_MAX_AGE_ENV}=.*expected a number"):
+        cs.sweep_leftovers(root)
+    assert (root / ".tmp-a").exists()
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), "60", True])
+def test_sweep_invalid_max_age(root, bad):
+    with pytest.raises(ValueError, match="max_age=.*expected a number of seconds"):
+        cs.sweep_leftovers(root, bad)
+
+
+def test_sweep_custom_prefixes(root, no_leftover_env):
+    _leftover_tree(root, "unit-0123", 7200)
+    _leftover_tree(root, ".tmp-x", 7200)
+    assert cs.sweep_leftovers(root, prefixes=("unit-",)) == ["unit-0123"]
+    assert os.listdir(root) == [".tmp-x"]
+    for bad in (".tmp-", ("",), (".tmp-", None)):
+        with pytest.raises(ValueError, match="prefixes=.*non-empty"):
+            cs.sweep_leftovers(root, prefixes=bad)
+
+
+def test_sweep_refuses_unsafe_directories(root, tmp_path, no_leftover_env):
+    _leftover_tree(root, ".tmp-x", 7200)
+    os.chmod(root, 0o777)
+    with pytest.raises(UnsafeCacheError, match="writable"):
+        cs.sweep_leftovers(root)
+    os.chmod(root, 0o700)
+    link = tmp_path / "link"
+    link.symlink_to(root)
+    with pytest.raises(UnsafeCacheError, match="symlink"):
+        cs.sweep_leftovers(link)
+    assert (root / ".tmp-x").exists()
+    assert cs.sweep_leftovers(tmp_path / "missing") == []
+
+
+def test_sweep_tolerates_concurrent_removal(root, monkeypatch, no_leftover_env):
+    """Another sweeper removes leftovers between our listing and our removal (a whole file, and
+    part of a directory while we walk it): no error, and the rest is still swept."""
+    (root / ".tmp-file").write_bytes(b"x")
+    _age(root / ".tmp-file", 7200)
+    _leftover_tree(root, ".tmp-dir", 7200)
+    _leftover_tree(root, ".trash-dir", 7200)
+    real_lstat, real_unlink = os.lstat, os.unlink
+
+    def racing_lstat(path, *args, **kwargs):
+        st = real_lstat(path, *args, **kwargs)
+        if os.fspath(path).endswith(".tmp-file"):
+            real_unlink(path)  # the other sweeper won
+        return st
+
+    def racing_unlink(path, *args, **kwargs):
+        real_unlink(path, *args, **kwargs)
+        if os.fspath(path).endswith("data.bin"):
+            raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(os, "lstat", racing_lstat)
+    monkeypatch.setattr(os, "unlink", racing_unlink)
+    removed = cs.sweep_leftovers(root)
+    assert ".tmp-file" not in removed
+    assert os.listdir(root) == []

@@ -7,8 +7,19 @@ leave exactly one entry. Everything read back is checked first: directories must
 current user and be writable by nobody else, symlinks are refused, files must be mode 0600 and
 match the manifest. Nothing is ever unpickled without ``weights_only=True``.
 
+Only regular files are ever opened: a FIFO, device, socket or directory inside an entry is
+classified with ``lstat`` and refused before any ``open`` (opening a FIFO with no writer would
+block forever), and the ``open`` itself uses ``O_NONBLOCK | O_NOFOLLOW`` as a second line of
+defence, with the type checked again on the open file (the entry could change in between).
+
+Leftovers of interrupted writers (``.tmp-*`` directories of a publish that never finished,
+``.trash-*`` of a discard that never finished) are removed by ``sweep_leftovers`` once they are
+older than ``$TORCHAIR_CACHE_LEFTOVER_SECONDS`` (default an hour), so a live writer's temp
+directory is never swept from under it.
+
 Errors: ``UnsafeCacheError`` (ownership, symlink, permission problems: the user must act) and
-``BrokenCacheError`` (truncated or corrupted content: the caller discards the entry and rebuilds).
+``BrokenCacheError`` (truncated or corrupted content, a non-regular file: the caller discards the
+entry and rebuilds).
 
 This module imports torch lazily, so the store itself (and its multi-process tests) start fast.
 """
@@ -23,6 +34,8 @@ import pathlib
 import secrets
 import shutil
 import stat
+import sys
+import time
 from typing import TYPE_CHECKING
 
 from torchair.core.utils import logger
@@ -39,10 +52,14 @@ __all__ = [
     "ensure_dir",
     "load_tensors",
     "read_entry",
+    "sweep_leftovers",
     "write_entry",
 ]
 
 CACHE_HOME_ENV = "TORCHAIR_CACHE_HOME"
+LEFTOVER_MAX_AGE_ENV = "TORCHAIR_CACHE_LEFTOVER_SECONDS"
+LEFTOVER_PREFIXES = (".tmp-", ".trash-")
+_DEFAULT_LEFTOVER_MAX_AGE = 3600.0
 MANIFEST = "manifest.json"
 _MANIFEST_FORMAT = "torchair.cache_entry"
 _MANIFEST_VERSION = 1
@@ -247,30 +264,76 @@ def write_entry(entry_dir: pathlib.Path, files: dict[str, bytes]) -> bool:
 # read
 
 
+_KINDS = (
+    (stat.S_ISREG, "regular file"),
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISLNK, "symlink"),
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
+
+
+def _file_kind(mode: int) -> str:
+    """What ``mode`` (from ``lstat``) is, in words, for error messages."""
+    for test, kind in _KINDS:
+        if test(mode):
+            return kind
+    return f"unknown file type {stat.S_IFMT(mode):o}"
+
+
+def _not_regular(entry_dir: pathlib.Path, name: str, kind: str) -> BrokenCacheError:
+    return BrokenCacheError(
+        f"broken torchair cache entry {os.fspath(entry_dir)!r}: {name!r} is a {kind}, not a "
+        f"regular file; refusing to open it: discard the entry (it is rebuilt)"
+    )
+
+
+def _symlink_refused(entry_dir: pathlib.Path, name: str) -> UnsafeCacheError:
+    return UnsafeCacheError(
+        f"torchair cache file {os.fspath(entry_dir / name)!r} is a symlink; refusing to read it: "
+        f"{_fix_hint(entry_dir)}"
+    )
+
+
+def _vanished(entry_dir: pathlib.Path, name: str) -> BrokenCacheError:
+    return BrokenCacheError(
+        f"broken torchair cache entry {os.fspath(entry_dir)!r}: file {name!r} vanished"
+    )
+
+
+def _lstat_regular(entry_dir: pathlib.Path, dir_fd: int, name: str) -> None:
+    """Refuse ``name`` unless it is a regular file, looking without opening or following it: an
+    ``open`` of a FIFO with no writer blocks forever, and of a device may have side effects."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        raise _vanished(entry_dir, name) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _symlink_refused(entry_dir, name)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(entry_dir, name, _file_kind(st.st_mode))
+
+
 def _read_file(entry_dir: pathlib.Path, dir_fd: int, name: str) -> bytes:
     """Read ``name`` relative to the open entry directory without following symlinks; it must be a
-    regular file, ours and exactly 0600."""
+    regular file (checked before opening and again on the open file), ours and exactly 0600."""
     path = entry_dir / name
+    _lstat_regular(entry_dir, dir_fd, name)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        # O_NONBLOCK: should a FIFO replace the file after the check, open does not block
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise UnsafeCacheError(
-                f"torchair cache file {os.fspath(path)!r} is a symlink; refusing to read it: "
-                f"{_fix_hint(entry_dir)}"
-            ) from None
+            raise _symlink_refused(entry_dir, name) from None
         if e.errno == errno.ENOENT:
-            raise BrokenCacheError(
-                f"broken torchair cache entry {os.fspath(entry_dir)!r}: file {name!r} vanished"
-            ) from None
+            raise _vanished(entry_dir, name) from None
         raise
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BrokenCacheError(
-                f"broken torchair cache entry {os.fspath(entry_dir)!r}: {name!r} is not a "
-                f"regular file"
-            )
+        if not stat.S_ISREG(st.st_mode):  # replaced between the lstat and the open
+            raise _not_regular(entry_dir, name, _file_kind(st.st_mode))
         _check_owner_and_mode(path, st, "file")
         if stat.S_IMODE(st.st_mode) != _FILE_MODE:
             raise UnsafeCacheError(
@@ -358,27 +421,50 @@ def read_entry(entry_dir: pathlib.Path) -> dict[str, bytes] | None:
         os.close(dir_fd)
 
 
-def _read_entry_files(entry_dir: pathlib.Path, dir_fd: int) -> dict[str, bytes]:
-    where = f"broken torchair cache entry {os.fspath(entry_dir)!r}"
-    present: set[str] = set()
+def _entry_kind(entry_dir: pathlib.Path, item: os.DirEntry) -> str:
+    """What ``item`` is, never following a symlink (``d_type`` first, ``lstat`` when unknown)."""
+    if item.is_symlink():
+        return "symlink"
+    if item.is_file(follow_symlinks=False):
+        return "regular file"
+    if item.is_dir(follow_symlinks=False):
+        return "directory"
+    try:
+        return _file_kind(item.stat(follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        raise _vanished(entry_dir, item.name) from None
+
+
+def _list_entry(entry_dir: pathlib.Path, dir_fd: int) -> dict[str, str]:
+    """``{name: kind}`` of everything in the entry; a symlink is refused at once."""
+    present: dict[str, str] = {}
     with os.scandir(dir_fd) as it:
         for item in it:
-            if item.is_symlink():
-                raise UnsafeCacheError(
-                    f"torchair cache file {os.fspath(entry_dir / item.name)!r} is a symlink; "
-                    f"refusing to read it: {_fix_hint(entry_dir)}"
-                )
-            present.add(item.name)
+            kind = _entry_kind(entry_dir, item)
+            if kind == "symlink":
+                raise _symlink_refused(entry_dir, item.name)
+            present[item.name] = kind
+    return present
+
+
+def _read_entry_files(entry_dir: pathlib.Path, dir_fd: int) -> dict[str, bytes]:
+    where = f"broken torchair cache entry {os.fspath(entry_dir)!r}"
+    present = _list_entry(entry_dir, dir_fd)
     if MANIFEST not in present:
         raise BrokenCacheError(f"{where}: {MANIFEST} is missing (incomplete entry)")
+    if present[MANIFEST] != "regular file":
+        raise _not_regular(entry_dir, MANIFEST, present[MANIFEST])
     listed = _parse_manifest(entry_dir, _read_file(entry_dir, dir_fd, MANIFEST))
-    extra = sorted(present - set(listed) - {MANIFEST})
+    extra = sorted(present.keys() - listed.keys() - {MANIFEST})
     if extra:
-        raise BrokenCacheError(f"{where}: files not in the manifest: {extra}")
+        described = ", ".join(f"{name!r} ({present[name]})" for name in extra)
+        raise BrokenCacheError(f"{where}: files not in the manifest: {described}")
     out: dict[str, bytes] = {}
     for name, info in listed.items():
         if name not in present:
             raise BrokenCacheError(f"{where}: file {name!r} listed in the manifest is missing")
+        if present[name] != "regular file":
+            raise _not_regular(entry_dir, name, present[name])
         data = _read_file(entry_dir, dir_fd, name)
         if len(data) != info["size"]:
             raise BrokenCacheError(
@@ -410,6 +496,120 @@ def discard_entry(entry_dir: pathlib.Path) -> None:
             os.unlink(trash)
         except FileNotFoundError:
             pass
+
+
+# ---------------------------------------------------------------------------------------------
+# leftovers
+
+
+def _leftover_max_age(max_age: float | None) -> float:
+    """``max_age`` if given, else ``$TORCHAIR_CACHE_LEFTOVER_SECONDS``, else an hour; seconds,
+    finite and not negative."""
+    if max_age is None:
+        raw = os.environ.get(LEFTOVER_MAX_AGE_ENV, "").strip()
+        if not raw:
+            return _DEFAULT_LEFTOVER_MAX_AGE
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not 0.0 <= value < float("inf"):
+            raise ValueError(
+                f"{LEFTOVER_MAX_AGE_ENV}={raw!r} is invalid: expected a number of seconds >= 0 "
+                f"(the age after which cache leftovers are removed, default "
+                f"{_DEFAULT_LEFTOVER_MAX_AGE:.0f}); fix or unset it"
+            )
+        return value
+    if isinstance(max_age, bool) or not isinstance(max_age, (int, float)) or not (
+        0.0 <= max_age < float("inf")
+    ):
+        raise ValueError(
+            f"sweep_leftovers: max_age={max_age!r} is invalid: expected a number of seconds >= 0, "
+            f"or None for ${LEFTOVER_MAX_AGE_ENV} (default {_DEFAULT_LEFTOVER_MAX_AGE:.0f})"
+        )
+    return float(max_age)
+
+
+def _check_prefixes(prefixes: tuple[str, ...]) -> tuple[str, ...]:
+    if isinstance(prefixes, str) or not all(isinstance(p, str) and p for p in prefixes):
+        raise ValueError(
+            f"sweep_leftovers: prefixes={prefixes!r} is invalid: expected a tuple of non-empty "
+            f"name prefixes, e.g. {LEFTOVER_PREFIXES!r}"
+        )
+    return tuple(prefixes)
+
+
+def _ignore_vanished(func, path, exc) -> None:
+    """``shutil.rmtree`` error hook: something removed concurrently is not an error."""
+    exc = exc if isinstance(exc, BaseException) else exc[1]  # onexc gets it, onerror a tuple
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
+
+
+def _remove_leftover(path: pathlib.Path, st: os.stat_result) -> None:
+    """Remove ``path`` (as seen by ``lstat``): a directory with its contents, anything else (a
+    symlink included, never its target) with ``unlink``. Raises FileNotFoundError when ``path``
+    itself was already gone; parts of a directory removed concurrently are not an error."""
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+    elif sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=_ignore_vanished)
+    else:
+        shutil.rmtree(path, onerror=_ignore_vanished)
+
+
+def sweep_leftovers(
+    directory: str | os.PathLike,
+    max_age: float | None = None,
+    *,
+    prefixes: tuple[str, ...] = LEFTOVER_PREFIXES,
+) -> list[str]:
+    """Remove the leftovers of interrupted writers in ``directory`` and return their names.
+
+    A leftover is an item directly in ``directory`` (not recursive) whose name starts with one of
+    ``prefixes`` (default ``.tmp-`` and ``.trash-``; a caller may pass its own build leftovers,
+    e.g. ``("unit-",)``) and whose ``lstat`` mtime is more than ``max_age`` seconds old (None:
+    ``$TORCHAIR_CACHE_LEFTOVER_SECONDS``, else 3600). Young leftovers are kept: they may belong
+    to a writer still at work. Symlinks are removed themselves, never followed; entries, manifests
+    and other names are never touched. Something removed concurrently is skipped silently; a
+    leftover that cannot be removed for another reason is logged as a warning and skipped, since
+    sweeping is housekeeping. A missing ``directory`` has no leftovers.
+
+    Raises ``UnsafeCacheError`` when ``directory`` is a symlink, someone else's, or writable by
+    others (see ``ensure_dir``), and ``ValueError`` for an invalid ``max_age``, ``prefixes`` or
+    ``$TORCHAIR_CACHE_LEFTOVER_SECONDS``.
+    """
+    limit = _leftover_max_age(max_age)
+    prefixes = _check_prefixes(prefixes)
+    directory = pathlib.Path(os.path.abspath(os.fspath(directory)))
+    try:
+        _check_dir(directory)
+        with os.scandir(directory) as it:
+            names = sorted(item.name for item in it if item.name.startswith(prefixes))
+    except FileNotFoundError:
+        return []
+    now = time.time()
+    removed = []
+    for name in names:
+        path = directory / name
+        try:
+            st = os.lstat(path)
+            age = now - st.st_mtime
+            if age <= limit:
+                continue
+            _remove_leftover(path, st)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            logger.warning("could not remove the torchair cache leftover %s (%s); remove it by "
+                           "hand (`rm -rf %s`)", path, e, path)
+            continue
+        logger.debug("removed torchair cache leftover %s (%.0f s old)", path, age)
+        removed.append(name)
+    if removed:
+        logger.info("removed %d torchair cache leftover(s) older than %.0f s from %s",
+                    len(removed), limit, directory)
+    return removed
 
 
 # ---------------------------------------------------------------------------------------------
