@@ -158,8 +158,11 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
                             notes=[f"gear {k + 1}/{len(table.gears)}: "
                                    f"{table.describe(table.gears[k])}"])
 
-    recorder.record("gears", gm, report)
-    return _publish(report, GearUnit(table, build, report))
+    rec = recorder.record("gears", gm, report, table=table, build=build)
+    unit = GearUnit(table, build, report)
+    if rec is not None:
+        rec.launch_unit = unit
+    return _publish(report, unit)
 
 
 def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo],

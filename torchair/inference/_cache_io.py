@@ -2,13 +2,12 @@
 
 An entry is JSON plus tensors (never pickles): the final graph of the launch unit (after
 passes and scalar sinking), the unit's arguments, the host scalar program (as a tiny graph),
-how to fetch each graph input from the call's arguments (Dynamo's input sources, parsed by a
-small grammar instead of ``eval``), the call signature the graph is valid for, and how to build
-the return value from the graph outputs.
+where each graph input comes from (Dynamo's input sources, read by the guard evaluator's small
+grammar instead of ``eval``), Dynamo's guards (:mod:`torchair.inference._guards`), how AOT turns
+the unit's outputs into the graph's (aliases included) and how to build the return value.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -23,127 +22,114 @@ class NotCacheable(Exception):
     """The compiled function cannot be replayed from a cache entry (the message says why)."""
 
 
-# --------------------------------------------------------------- input sources (no eval)
+# ------------------------------------------------------------------------- return value
 
-_CALLS = ("size", "stride", "storage_offset")
-
-
-def parse_source(text: str) -> tuple[str, tuple]:
-    """``L['x']._modules['q']._parameters['weight']`` -> ("x", (("item", "_modules"), ...)).
-
-    Steps: ("item", key) for ``[key]`` (str / int constants), ("attr", name) for ``.name`` (no
-    dunders), ("call", name) for ``.size()`` / ``.stride()`` / ``.storage_offset()``. Anything
-    else raises :class:`NotCacheable`.
-    """
-    try:
-        node = ast.parse(text, mode="eval").body
-    except SyntaxError as error:
-        raise NotCacheable(f"input source {text!r} is not an expression: {error}") from None
-    steps: list[tuple[str, Any]] = []
-    while True:
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            key = node.slice.value
-            if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise NotCacheable(f"input source {text!r}: unsupported key {key!r}")
-            steps.append(("item", key))
-            node = node.value
-        elif isinstance(node, ast.Attribute) and not node.attr.startswith("__"):
-            steps.append(("attr", node.attr))
-            node = node.value
-        elif (isinstance(node, ast.Call) and not node.args and not node.keywords
-              and isinstance(node.func, ast.Attribute) and node.func.attr in _CALLS):
-            steps.append(("call", node.func.attr))
-            node = node.func.value
-        else:
-            break
-    if not (isinstance(node, ast.Name) and node.id == "L" and steps and steps[-1][0] == "item"
-            and isinstance(steps[-1][1], str)):
-        raise NotCacheable(f"input source {text!r} is not read from the function's arguments")
-    root = steps.pop()[1]
-    return root, tuple(reversed(steps))
+_ALIAS_KINDS = {"OutputType.non_alias": "plain", "OutputType.unsafe_view_alias": "plain",
+                "OutputType.is_input": "input", "OutputType.alias_of_input": "alias_input",
+                "OutputType.alias_of_intermediate": "alias_intermediate",
+                "OutputType.alias_of_intermediate_save_as_output": "alias_intermediate",
+                "OutputType.alias_of_intermediate_base_is_user_output": "alias_user"}
 
 
-def accessor(text: str) -> Callable[[dict], Any]:
-    root, steps = parse_source(text)
-
-    def get(frame: dict) -> Any:
-        value = frame[root]
-        for kind, key in steps:
-            if kind == "item":
-                value = value[key]
-            elif kind == "attr":
-                value = getattr(value, key)
-            else:
-                value = getattr(value, key)()
-        return value
-
-    return get
-
-
-# --------------------------------------------------------- call signature and return value
-
-def leaf_spec(value: Any, input_shape: tuple | None, guarded: bool) -> dict:
-    """What a warm call's argument leaf must look like: tensors by shape (a name: a symbolic
-    size), dtype and device; graph-input ints by type; values Dynamo guarded by equality; others
-    (never read by the graph) by type only."""
-    if isinstance(value, torch.Tensor):
-        shape = list(input_shape) if input_shape is not None else list(value.shape)
-        return {"t": "tensor", "shape": shape, "dtype": str(value.dtype).replace("torch.", ""),
-                "device": value.device.type}
-    if input_shape == ():
-        return {"t": "int"}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return {"t": "const", "v": value} if guarded else {"t": "any",
-                                                            "type": type(value).__name__}
-    raise NotCacheable(f"argument value of type {type(value).__name__} cannot be checked on a "
-                       f"warm start")
+def aot_outputs_spec(fw_metadata: Any, n_unit_outputs: int) -> dict:
+    """How AOT turns the launch unit's outputs into the graph's outputs (the ones Dynamo's code
+    returns): per output, plain, the input itself, or a view regenerated from an input, an
+    intermediate or another output. Mirrors AOT's runtime wrapper, for warm starts without
+    AOT."""
+    if fw_metadata is None:
+        raise NotCacheable("AOT's metadata is not available")
+    if getattr(fw_metadata, "num_mutated_inp_runtime_indices", 0):
+        raise NotCacheable("an input is mutated outside the graph (AOT applies it after the "
+                           "graph runs)")
+    for info in getattr(fw_metadata, "input_info", []):
+        if getattr(info, "mutates_metadata", False):
+            raise NotCacheable("an input's metadata is mutated in place (resize_/as_strided_)")
+    infos = list(fw_metadata.output_info)
+    bases = int(getattr(fw_metadata, "num_intermediate_bases", 0))
+    if len(infos) + bases != n_unit_outputs:
+        raise NotCacheable(f"the launch unit returns {n_unit_outputs} values, AOT expects "
+                           f"{len(infos)} outputs and {bases} intermediate bases")
+    kinds = []
+    for info in infos:
+        kind = _ALIAS_KINDS.get(str(info.output_type))
+        if kind is None:
+            raise NotCacheable(f"an output of kind {info.output_type} (e.g. a custom "
+                               f"autograd.Function view) cannot be rebuilt from a cache entry")
+        kinds.append([kind, info.base_idx])
+    return {"outputs": kinds, "user": len(infos)}
 
 
-def leaf_mismatch(spec: dict, value: Any) -> str:
-    """Why ``value`` does not fit ``spec`` ("" when it fits)."""
-    kind = spec["t"]
-    if kind == "tensor":
-        if not isinstance(value, torch.Tensor):
-            return f"expected a tensor, got {type(value).__name__}"
-        want = spec["shape"]
-        if len(want) != value.dim() or any(not isinstance(w, str) and w not in (-1, int(v))
-                                           for w, v in zip(want, value.shape)):
-            return f"shape {list(value.shape)} vs {want} (names: symbolic sizes)"
-        dtype = str(value.dtype).replace("torch.", "")
-        if dtype != spec["dtype"]:
-            return f"dtype {dtype} vs {spec['dtype']}"
-        if value.device.type != spec["device"]:
-            return f"device {value.device.type} vs {spec['device']}"
-        return ""
-    if kind == "int":
-        if not isinstance(value, int) or isinstance(value, bool):
-            return f"expected an int, got {type(value).__name__}"
-        if value < spec.get("min", value):
-            return f"int {value} < {spec['min']} (Dynamo specializes 0 and 1)"
-        return ""
-    if kind == "any":
-        return "" if type(value).__name__ == spec["type"] else (
-            f"expected a {spec['type']}, got {type(value).__name__}")
-    if type(value) is not type(spec["v"]) or value != spec["v"]:
-        return f"value {value!r} vs {spec['v']!r} (a constant of the compiled graph)"
-    return ""
+def regenerate_alias(base: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out`` (an output with the view's size, strides and offset) as a view of ``base``, as
+    AOT regenerates aliased outputs: the graph's own view when it already shares ``base``'s
+    storage, else ``as_strided`` on ``base`` (through view_as_real / view_as_complex / a dtype
+    view when the dtypes differ)."""
+    if (out.device == base.device
+            and out.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()):
+        return out
+    if base.is_complex() and not out.is_complex():
+        base = torch.view_as_real(base)
+    elif out.is_complex() and not base.is_complex():
+        base = torch.view_as_complex(base)
+    elif base.dtype != out.dtype:
+        base = base.view(out.dtype)
+    return base.as_strided(out.size(), out.stride(), out.storage_offset())
 
 
-def output_spec(result: Any, outputs: Sequence[Any]) -> Any:
-    """The return value as JSON: graph output ``k`` as {"out": k}, constants as {"const": v}."""
-    ids = {}
-    for k, out in enumerate(outputs):
-        if isinstance(out, torch.Tensor):
-            ids.setdefault(id(out), k)
+def graph_outputs(spec: dict, unit_outputs: Sequence[Any], inputs: Sequence[Any]) -> list:
+    """The graph's outputs from the unit's (see :func:`aot_outputs_spec`)."""
+    user = spec["user"]
+    out = []
+    for k, (kind, base) in enumerate(spec["outputs"]):
+        value = unit_outputs[k]
+        if kind == "input":
+            value = inputs[base]
+        elif kind == "alias_input":
+            value = regenerate_alias(inputs[base], value)
+        elif kind == "alias_intermediate":
+            value = regenerate_alias(unit_outputs[user + base], value)
+        elif kind == "alias_user":
+            value = regenerate_alias(unit_outputs[base], value)
+        out.append(value)
+    return out
+
+
+def output_spec(result: Any, outputs: Sequence[Any], inputs: Sequence[Any],
+                scalars_free: bool) -> Any:
+    """The return value as JSON: graph output ``k`` as {"out": k} (tensors by identity, Python
+    numbers by a unique equal value), graph input ``j`` as {"in": j}, constants as {"const": v}.
+    A number that matches no output is a constant only when ``scalars_free`` (no number reached
+    the graph unspecialized): otherwise it may depend on the call and is not cacheable."""
+    tensor_out = {id(o): k for k, o in reversed(list(enumerate(outputs)))
+                  if isinstance(o, torch.Tensor)}
+    tensor_in = {id(x): j for j, x in reversed(list(enumerate(inputs)))
+                 if isinstance(x, torch.Tensor)}
+
+    def number(x: Any) -> dict:
+        same = [k for k, o in enumerate(outputs) if type(o) is type(x) and o == x]
+        if len(same) == 1:
+            return {"out": same[0]}
+        if len(same) > 1:
+            raise NotCacheable(f"the returned number {x!r} equals several graph outputs; return "
+                               f"it as a tensor")
+        if not scalars_free:
+            raise NotCacheable(f"the returned number {x!r} may depend on the call's inputs "
+                               f"(sizes or numbers are symbolic); return it as a tensor")
+        return {"const": x}
 
     def encode(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            if id(x) not in ids:
-                raise NotCacheable("a returned tensor is not an output of the compiled graph "
-                                   "(e.g. an input returned as it is, or a view made outside)")
-            return {"out": ids[id(x)]}
-        if x is None or isinstance(x, (bool, int, float, str)):
+            if id(x) in tensor_out:
+                return {"out": tensor_out[id(x)]}
+            if id(x) in tensor_in:
+                return {"in": tensor_in[id(x)]}
+            raise NotCacheable("a returned tensor is neither a graph output nor a graph input")
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            return number(x)
+        if x is None or isinstance(x, (bool, str)):
             return {"const": x}
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return _encode_dataclass(x, encode)
         if isinstance(x, tuple) and not hasattr(x, "_fields"):
             return {"tuple": [encode(v) for v in x]}
         if isinstance(x, list):
@@ -156,16 +142,44 @@ def output_spec(result: Any, outputs: Sequence[Any]) -> Any:
     return encode(result)
 
 
-def build_output(spec: Any, outputs: Sequence[Any]) -> Any:
+def _encode_dataclass(x: Any, encode: Callable[[Any], Any]) -> dict:
+    cls = type(x)
+    if "<locals>" in cls.__qualname__:
+        raise NotCacheable(f"the returned dataclass {cls.__qualname__} is defined inside a "
+                           f"function; define it at module level so a warm start can import it")
+    fields = dataclasses.fields(x)
+    if any(not f.init for f in fields):
+        raise NotCacheable(f"the returned dataclass {cls.__qualname__} has init=False fields")
+    return {"dataclass": [cls.__module__, cls.__qualname__],
+            "fields": [[f.name, encode(getattr(x, f.name))] for f in fields]}
+
+
+def _import_dataclass(module: str, qualname: str) -> type:
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise NotCacheable(f"{module}.{qualname} is not a dataclass")
+    return obj
+
+
+def build_output(spec: Any, outputs: Sequence[Any], inputs: Sequence[Any] = ()) -> Any:
     if "out" in spec:
         return outputs[spec["out"]]
+    if "in" in spec:
+        return inputs[spec["in"]]
     if "const" in spec:
         return spec["const"]
     if "tuple" in spec:
-        return tuple(build_output(s, outputs) for s in spec["tuple"])
+        return tuple(build_output(s, outputs, inputs) for s in spec["tuple"])
     if "list" in spec:
-        return [build_output(s, outputs) for s in spec["list"]]
-    return {k: build_output(s, outputs) for k, s in spec["dict"]}
+        return [build_output(s, outputs, inputs) for s in spec["list"]]
+    if "dataclass" in spec:
+        cls = _import_dataclass(*spec["dataclass"])
+        return cls(**{k: build_output(s, outputs, inputs) for k, s in spec["fields"]})
+    return {k: build_output(s, outputs, inputs) for k, s in spec["dict"]}
 
 
 # ---------------------------------------------------------------- host scalar program

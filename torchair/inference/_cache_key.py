@@ -4,7 +4,8 @@ The entry directory's hash covers what is known before tracing: the module's cla
 structure (submodule types, parameter and buffer names, shapes, dtypes), ``func``'s source, the
 compile config, ``dynamic``, custom decompositions, the user's fusion patterns (names and
 sources), torch / Python versions, a hash of torchair's own sources (passes, patterns, kernels)
-and the device kind. Functions Dynamo inlines while tracing are only known afterwards: the entry
+and the device kind; with ``ge_cache`` (an entry holding a library compiled for this machine)
+also the CPU's model and feature flags. Functions Dynamo inlines while tracing are only known afterwards: the entry
 records their source files with hashes, and a warm start checks them (any change: rebuild).
 """
 from __future__ import annotations
@@ -71,9 +72,18 @@ def device_kind(module: torch.nn.Module) -> str:
     return "cpu"
 
 
-def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict | None) -> dict:
+def cpu_signature() -> str:
+    """This CPU's model and feature flags, hashed: an ahead-of-time library is compiled with
+    ``-march=native`` (and Inductor's vector ISA), so it only runs where they match."""
+    from torchair.ops import _native
+
+    return _sha(_native.cpu_signature())[:16]
+
+
+def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict | None,
+              ge_cache: bool = False) -> dict:
     module = func.__self__
-    return {
+    parts = {
         "module_class": type(module).__module__ + "." + type(module).__qualname__,
         "module_structure": _sha(json.dumps(module_structure(module))),
         "func": func.__func__.__qualname__,
@@ -89,6 +99,9 @@ def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict |
         "torchair_sources": torchair_source_hash(),
         "device": device_kind(module),
     }
+    if ge_cache:  # the entry may hold native code built for this machine
+        parts["cpu"] = cpu_signature()
+    return parts
 
 
 def key_hash(parts: dict) -> str:

@@ -1,0 +1,604 @@
+"""Dynamo's guards for a cached frame, checked in a later process without Dynamo.
+
+A cold start records every guard Dynamo produced for the frame it compiled
+(:mod:`torchair.inference._guards`): the guard's kind, its source and its code as Dynamo prints it
+(``L['self'].n == 3``, ``2 <= L['x'].size()[0]``, ``check_tensor(L['x'], Tensor, ...)``). A warm
+start compiles that code here into closures and runs them before every call, so a call is served
+by the cached graph exactly when Dynamo would have served it by the traced one.
+
+The code is never ``eval``-ed: it is parsed with :mod:`ast` and only a small grammar is accepted
+(names ``L`` / ``G``, constants, item and attribute access, comparisons, arithmetic, ``and`` /
+``or`` / ``not``, and a fixed table of functions). Anything else raises :class:`UnsupportedGuard`
+at the cold start, which then does not cache the function (with a warning naming the guard).
+
+Two Dynamo checks compare object identities (``___check_type_id``, ``___check_obj_id``); ids mean
+nothing in another process, so the cold start records what the object *is* (a class by module and
+qualified name, a module by name, a function or code object by name and place, an op by its
+qualified name; see :func:`describe_object`) and the warm check compares that.
+
+Imports only torch (no Dynamo), like the rest of a warm start.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import math
+import operator
+import sys
+import types
+import weakref
+from typing import Any, Callable, Sequence
+
+import torch
+
+__all__ = ["ADVISORY_KINDS", "Globals", "GuardSet", "Sources", "UnsupportedGuard", "compile_expression",
+           "describe_object", "global_state", "source_slot"]
+
+
+class UnsupportedGuard(Exception):
+    """A guard this module cannot check in another process (the message names it)."""
+
+
+# Kinds recorded but not enforced, with why it is sound to skip them on a warm start.
+ADVISORY_KINDS = {
+    "DIMENSION_DYNAMIC_MARKING_GUARD":
+        "mark_static/mark_dynamic only steer how Dynamo would retrace; the sizes the graph "
+        "accepts are checked by the tensor and shape guards",
+    "GRAD_MODE": "cached graphs always run under torch.no_grad()",
+}
+_SAVED_TENSOR_HOOKS = "top_saved_tensors_hooks"  # AOT's ambient guard (autograd graphs only)
+
+_DUNDERS = frozenset({"__closure__", "__code__", "__dict__", "__defaults__", "__kwdefaults__",
+                      "__func__", "__self__", "__class__"})
+_METHODS = {"size": (0, 1), "stride": (0, 1), "storage_offset": (0, 0), "dim": (0, 0),
+            "numel": (0, 0), "keys": (0, 0), "values": (0, 0), "items": (0, 0),
+            "issubset": (1, 1), "is_contiguous": (0, 0)}
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
+           ast.Mult: lambda a, b: a * b, ast.FloorDiv: lambda a, b: a // b,
+           ast.Mod: lambda a, b: a % b, ast.Pow: lambda a, b: a ** b,
+           ast.Div: lambda a, b: a / b}
+_CMPOPS = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
+           ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
+           ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b,
+           ast.Is: lambda a, b: a is b, ast.IsNot: lambda a, b: a is not b,
+           ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+_MISSING = object()
+
+
+# ------------------------------------------------------------------------------- the frame
+
+class Globals:
+    """``G``: the function's globals, plus the names Dynamo adds to them while tracing
+    (``__import_<module>`` for another module, ``__builtins_dict___<n>`` for builtins)."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names: dict) -> None:
+        self.names = names
+
+    def __getitem__(self, name: str) -> Any:
+        if name.startswith("__import_"):
+            module = name[len("__import_"):].replace("_dot_", ".")
+            found = sys.modules.get(module)
+            return found if found is not None else importlib.import_module(module)
+        if name.startswith("__builtins_dict__"):
+            return builtins.__dict__
+        return self.names[name]
+
+
+class Sources:
+    """Every source the guards and graph inputs read, as one flat program of getter steps:
+    slot 0 is ``L`` (the frame's locals), slot 1 is ``G``; each further slot is one step (an
+    item, an attribute or a no-argument method call) from an earlier slot. A call evaluates all
+    slots once, in order; a step that fails (missing attribute, key, index) fails the call."""
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {"L": 0, "G": 1}
+        self.steps: list[tuple[int, Callable[[Any], Any], str]] = []
+
+    def slot(self, key: str, parent: int, step: Callable[[Any], Any]) -> int:
+        found = self.index.get(key)
+        if found is None:
+            found = self.index[key] = 2 + len(self.steps)
+            self.steps.append((parent, step, key))
+        return found
+
+    def evaluate(self, frame: dict, globals_: Globals) -> tuple[list, str]:
+        values = [frame, globals_]
+        append = values.append
+        try:
+            for parent, step, _ in self.steps:
+                append(step(values[parent]))
+        except Exception as error:  # noqa: BLE001 - an unreadable source fails the call
+            key = self.steps[len(values) - 2][2]
+            return values, f"{key} cannot be read ({type(error).__name__}: {error})"
+        return values, ""
+
+
+# ---------------------------------------------------------------- identity across processes
+
+def _qualname(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", "")
+
+
+def describe_object(obj: Any) -> dict | None:
+    """What ``obj`` is, in terms that mean the same in another process (None: no such terms)."""
+    if obj is None or obj is Ellipsis or isinstance(obj, bool):
+        return {"const": repr(obj)}
+    if isinstance(obj, types.ModuleType):
+        return {"module": obj.__name__}
+    if isinstance(obj, type):
+        return {"class": [obj.__module__, obj.__qualname__]}
+    if isinstance(obj, types.CodeType):
+        return {"code": [obj.co_filename, obj.co_name, obj.co_firstlineno]}
+    if isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        return {"function": [obj.__module__, obj.__qualname__, code.co_filename,
+                             code.co_firstlineno]}
+    if isinstance(obj, types.BuiltinFunctionType):
+        owner = getattr(obj, "__self__", None)
+        owner = owner.__name__ if isinstance(owner, types.ModuleType) else type(owner).__qualname__
+        return {"builtin": [str(getattr(obj, "__module__", None)), owner, _qualname(obj)]}
+    if isinstance(obj, torch._ops.OpOverloadPacket):
+        return {"op": obj._qualified_op_name}
+    if isinstance(obj, torch._ops.OpOverload):
+        return {"op": f"{obj._schema.name}.{obj._overloadname}"}
+    if isinstance(obj, torch._ops._OpNamespace):
+        return {"op_namespace": obj.name}
+    if type(obj) is torch._ops._Ops:
+        return {"torch_ops": True}
+    if isinstance(obj, (torch.dtype, torch.device)):
+        return {"value": [type(obj).__name__, str(obj)]}
+    return None
+
+
+# ------------------------------------------------------------------------- global state
+
+def global_state() -> dict:
+    """Process-wide settings that change what a traced graph computes (Dynamo's GLOBAL_STATE
+    guard, less the thread count and grad mode, which do not)."""
+    autocast = {d: [bool(torch.is_autocast_enabled(d)), str(torch.get_autocast_dtype(d))]
+                for d in ("cpu", "cuda")}
+    return {"autocast": autocast, "default_dtype": str(torch.get_default_dtype()),
+            "deterministic": [torch.are_deterministic_algorithms_enabled(),
+                              torch.is_deterministic_algorithms_warn_only_enabled()],
+            "tf32": [bool(torch.backends.cuda.matmul.allow_tf32),
+                     bool(torch.backends.cudnn.allow_tf32)],
+            "torch_function": bool(torch._C._is_torch_function_enabled())}
+
+
+def _mode_stack_depth() -> int:
+    return int(torch._C._len_torch_function_stack())
+
+
+# ------------------------------------------------------------------------- compilation
+
+Fn = Callable[[list], Any]  # reads the per-call slot values
+
+
+def compile_expression(text: str, sources: Sources, *, type_of: list | None = None,
+                       obj: dict | None = None) -> Fn:
+    """Compile one guard's code into ``fn(values) -> value``, adding the sources it reads to
+    ``sources``. ``type_of`` / ``obj`` are the recorded identities for ``___check_type_id`` /
+    ``___check_obj_id``."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as error:
+        raise UnsupportedGuard(f"`{text}` is not an expression ({error.msg})") from None
+    return _Compiler(text, sources, type_of, obj).node(tree.body)
+
+
+def source_slot(text: str, sources: Sources) -> int:
+    """The slot of a source expression such as ``L['self']._modules['l']._parameters['w']``."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as error:
+        raise UnsupportedGuard(f"source `{text}` is not an expression ({error.msg})") from None
+    return _Compiler(text, sources, None, None).slot(tree.body)
+
+
+def _slot_reader(slot: int) -> Fn:
+    return lambda values: values[slot]
+
+
+class _Compiler:
+    def __init__(self, text: str, sources: Sources, type_of: list | None,
+                 obj: dict | None) -> None:
+        self.text, self.sources, self.type_of, self.obj = text, sources, type_of, obj
+
+    def fail(self, what: str) -> UnsupportedGuard:
+        return UnsupportedGuard(f"{what} in `{self.text}`")
+
+    def node(self, node: ast.AST) -> Fn:
+        if self._is_source(node):
+            return _slot_reader(self.slot(node))
+        method = getattr(self, f"_{type(node).__name__}", None)
+        if method is None:
+            raise self.fail(f"unsupported syntax {type(node).__name__}")
+        return method(node)
+
+    # -- sources: chains of items, attributes and no-argument methods from L or G
+    @staticmethod
+    def _is_source(node: ast.AST) -> bool:
+        while True:
+            if isinstance(node, ast.Name):
+                return node.id in ("L", "G")
+            if isinstance(node, (ast.Subscript, ast.Attribute)):
+                node = node.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and not node.args and not node.keywords and node.func.attr in _METHODS):
+                node = node.func.value
+            else:
+                return False
+
+    def slot(self, node: ast.AST) -> int:
+        if isinstance(node, ast.Name) and node.id in ("L", "G"):
+            return self.sources.index[node.id]
+        key = ast.unparse(node)
+        if key in self.sources.index:
+            return self.sources.index[key]
+        if isinstance(node, ast.Subscript):
+            return self.sources.slot(key, self.slot(node.value), operator.itemgetter(
+                self._subscript_key(node.slice)))
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+            if name.startswith("__") and name not in _DUNDERS:
+                raise self.fail(f"attribute {name!r} is not allowed")
+            return self.sources.slot(key, self.slot(node.value), operator.attrgetter(name))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.args
+                and not node.keywords and node.func.attr in _METHODS):
+            return self.sources.slot(key, self.slot(node.func.value),
+                                     operator.methodcaller(node.func.attr))
+        raise self.fail(f"`{key}` is not a source")
+
+    def _subscript_key(self, index: ast.AST) -> Any:
+        if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.USub) and isinstance(
+                index.operand, ast.Constant) and isinstance(index.operand.value, int):
+            return -index.operand.value
+        if isinstance(index, ast.Constant) and isinstance(index.value, (int, str)) and not \
+                isinstance(index.value, bool):
+            return index.value
+        raise self.fail(f"unsupported subscript {ast.unparse(index)}")
+
+    # -- values
+    def _Constant(self, node: ast.Constant) -> Fn:
+        value = node.value
+        if not (value is None or isinstance(value, (bool, int, float, str))):
+            raise self.fail(f"unsupported constant {value!r}")
+        return lambda values: value
+
+    def _Name(self, node: ast.Name) -> Fn:
+        if node.id in ("inf", "nan"):
+            value = float(node.id)
+            return lambda values: value
+        raise self.fail(f"unknown name {node.id!r}")
+
+    def _sequence(self, node: Any, make: Callable) -> Fn:
+        items = [self.node(e) for e in node.elts]
+        return lambda values: make(f(values) for f in items)
+
+    def _List(self, node: ast.List) -> Fn:
+        return self._sequence(node, list)
+
+    def _Tuple(self, node: ast.Tuple) -> Fn:
+        return self._sequence(node, tuple)
+
+    def _Set(self, node: ast.Set) -> Fn:
+        return self._sequence(node, set)
+
+    # -- operators
+    def _Compare(self, node: ast.Compare) -> Fn:
+        fns = []
+        for op in node.ops:
+            fn = _CMPOPS.get(type(op))
+            if fn is None:
+                raise self.fail(f"unsupported comparison {type(op).__name__}")
+            fns.append(fn)
+        operands = [self.node(node.left)] + [self.node(c) for c in node.comparators]
+        if len(fns) == 1:
+            (fn,), (left, right) = fns, operands
+            if isinstance(node.comparators[0], ast.Constant):
+                const = node.comparators[0].value
+                return lambda values: fn(left(values), const)
+            return lambda values: fn(left(values), right(values))
+
+        def compare(values: list) -> bool:
+            a = operands[0](values)
+            for fn, right in zip(fns, operands[1:]):
+                b = right(values)
+                if not fn(a, b):
+                    return False
+                a = b
+            return True
+
+        return compare
+
+    def _BoolOp(self, node: ast.BoolOp) -> Fn:
+        parts = [self.node(v) for v in node.values]
+        if isinstance(node.op, ast.And):
+            return lambda values: all(p(values) for p in parts)
+        return lambda values: any(p(values) for p in parts)
+
+    def _UnaryOp(self, node: ast.UnaryOp) -> Fn:
+        operand = self.node(node.operand)
+        if isinstance(node.op, ast.Not):
+            return lambda values: not operand(values)
+        if isinstance(node.op, ast.USub):
+            return lambda values: -operand(values)
+        if isinstance(node.op, ast.UAdd):
+            return operand
+        raise self.fail(f"unsupported operator {type(node.op).__name__}")
+
+    def _BinOp(self, node: ast.BinOp) -> Fn:
+        fn = _BINOPS.get(type(node.op))
+        if fn is None:
+            raise self.fail(f"unsupported operator {type(node.op).__name__}")
+        left, right = self.node(node.left), self.node(node.right)
+        return lambda values: fn(left(values), right(values))
+
+    def _IfExp(self, node: ast.IfExp) -> Fn:
+        test, body, orelse = self.node(node.test), self.node(node.body), self.node(node.orelse)
+        return lambda values: body(values) if test(values) else orelse(values)
+
+    # -- calls
+    def _Call(self, node: ast.Call) -> Fn:
+        func = node.func
+        name = ast.unparse(func)
+        special = {"___check_type_id": self._check_type_id, "___check_obj_id": self._check_obj_id,
+                   "check_tensor": self._check_tensor, "check_no_aliasing": self._no_aliasing,
+                   "___dict_contains": self._dict_contains}.get(name)
+        if special is not None:
+            return special(node)
+        if isinstance(func, ast.Attribute) and func.attr in _METHODS and self._is_source(
+                func.value):
+            low, high = _METHODS[func.attr]
+            if node.keywords or not low <= len(node.args) <= high:
+                raise self.fail(f"unsupported call of .{func.attr}()")
+            target, method = self.node(func.value), func.attr
+            args = [self.node(a) for a in node.args]
+            return lambda values: getattr(target(values), method)(*(a(values) for a in args))
+        fn = _FUNCTIONS.get(name)
+        if fn is None or node.keywords:
+            raise self.fail(f"unsupported function {name!r}")
+        args = [self.node(a) for a in node.args]
+        if len(args) == 1:
+            (arg,) = args
+            return lambda values: fn(arg(values))
+        return lambda values: fn(*(a(values) for a in args))
+
+    def _check_type_id(self, node: ast.Call) -> Fn:
+        if self.type_of is None or len(node.args) != 2:
+            raise self.fail("a type check without a recorded type")
+        value, want = self.node(node.args[0]), tuple(self.type_of)
+        last: list = [None]  # the type that passed last time: one identity test per call
+
+        def check(values: list) -> bool:
+            tp = type(value(values))
+            if tp is last[0]:
+                return True
+            if (tp.__module__, tp.__qualname__) == want:
+                last[0] = tp
+                return True
+            return False
+
+        return check
+
+    def _check_obj_id(self, node: ast.Call) -> Fn:
+        if self.obj is None or len(node.args) != 2:
+            raise self.fail("an identity check without a recorded object")
+        value, want = self.node(node.args[0]), self.obj
+        last: list = [_MISSING]  # the object that passed last time (modules, functions...)
+
+        def check(values: list) -> bool:
+            obj = value(values)
+            if obj is last[0]:
+                return True
+            if describe_object(obj) == want:
+                last[0] = obj
+                return True
+            return False
+
+        return check
+
+    def _dict_contains(self, node: ast.Call) -> Fn:
+        if len(node.args) != 2:
+            raise self.fail("___dict_contains takes two arguments")
+        key, mapping = self.node(node.args[0]), self.node(node.args[1])
+        return lambda values: key(values) in mapping(values)
+
+    def _no_aliasing(self, node: ast.Call) -> Fn:
+        items = [self.node(a) for a in node.args]
+        count = len(items)
+        return lambda values: len({id(f(values)) for f in items}) == count
+
+    def _check_tensor(self, node: ast.Call) -> Fn:
+        return _tensor_check(self, node)
+
+
+def _math(name: str) -> Callable:
+    return getattr(math, name)
+
+
+_FUNCTIONS: dict[str, Callable] = {
+    "len": len, "hasattr": hasattr, "getattr": getattr, "set": set, "list": list,
+    "tuple": tuple, "int": int, "float": float, "abs": abs, "max": max, "min": min,
+    "bool": bool, "math.isnan": _math("isnan"), "math.floor": _math("floor"),
+    "math.ceil": _math("ceil"), "math.sqrt": _math("sqrt"), "math.trunc": _math("trunc"),
+    "dict.keys": dict.keys,
+}
+
+
+def _tensor_check(c: _Compiler, node: ast.Call) -> Fn:
+    """``check_tensor(src, Cls, DispatchKeySet(...), dtype, device=, requires_grad=, size=,
+    stride=)``: Dynamo's TENSOR_MATCH. ``None`` in size / stride: symbolic (shape guards)."""
+    if len(node.args) != 4:
+        raise c.fail("check_tensor with an unexpected signature")
+    value = c.node(node.args[0])
+    cls_name = ast.unparse(node.args[1])
+    keys = _key_names(ast.unparse(node.args[2]))
+    dtype_text = ast.unparse(node.args[3])
+    dtype = getattr(torch, dtype_text.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise c.fail(f"unknown dtype {dtype_text}")
+    kw = {}
+    for k in node.keywords:
+        try:
+            kw[k.arg] = ast.literal_eval(k.value)
+        except ValueError:
+            raise c.fail(f"check_tensor keyword {k.arg}") from None
+    if set(kw) - {"device", "requires_grad", "size", "stride"}:
+        raise c.fail(f"check_tensor keywords {sorted(kw)}")
+    device = -1 if kw.get("device") is None else int(kw["device"])  # get_device(): -1 on CPU
+    grad = kw.get("requires_grad")
+    shape_ok = _dims_check(kw.get("size"))
+    stride_ok = _dims_check(kw.get("stride"))
+    tls = c.sources.slot("<dispatch tls>", 0, _dispatch_tls)
+    keys_seen: dict[int, tuple] = {}
+    last_type: list = [None]
+
+    def check(values: list) -> bool:
+        t = value(values)
+        tp = type(t)
+        if tp is not last_type[0]:
+            if not issubclass(tp, torch.Tensor) or tp.__name__ != cls_name:
+                return False
+            last_type[0] = tp
+        if t.dtype != dtype or t.get_device() != device or (
+                grad is not None and t.requires_grad != grad):
+            return False
+        if not shape_ok(t.shape) or not stride_ok(t.stride()):
+            return False
+        return _dispatch_keys(t, values[tls], keys_seen) == keys
+
+    return check
+
+
+def _dims_check(dims: list | None) -> Callable[[Sequence[int]], bool]:
+    """A check of sizes or strides against Dynamo's list (None entries: symbolic, not checked
+    here)."""
+    if dims is None:
+        return lambda got: True
+    want = tuple(dims)
+    if None not in want:
+        return lambda got: got == want
+    fixed = tuple((d, s) for d, s in enumerate(want) if s is not None)
+    ndim = len(want)
+
+    def check(got: Sequence[int]) -> bool:
+        if len(got) != ndim:
+            return False
+        for d, s in fixed:
+            if got[d] != s:
+                return False
+        return True
+
+    return check
+
+
+def _dispatch_tls(_: Any) -> tuple:
+    """The thread-local dispatch include / exclude sets (read once per call)."""
+    return (torch._C._dispatch_tls_local_include_set(),
+            torch._C._dispatch_tls_local_exclude_set())
+
+
+def _key_names(text: str) -> frozenset:
+    inner = text[text.find("(") + 1:text.rfind(")")]
+    return frozenset(k.strip() for k in inner.split(",") if k.strip())
+
+
+def _dispatch_keys(t: torch.Tensor, tls: tuple, seen: dict) -> frozenset:
+    """The tensor's dispatch keys as Dynamo compares them: with the thread-local include set
+    added and the exclude set removed. Memoized per tensor (weakly: user tensors are never
+    kept alive) and thread-local state."""
+    hit = seen.get(id(t))
+    if hit is not None and hit[0]() is t and hit[1] == tls:
+        return hit[2]
+    include, exclude = tls
+    names = _key_names(str((torch._C._dispatch_keys(t) | include) - exclude))
+    if len(seen) > 1024:
+        seen.clear()
+    seen[id(t)] = (weakref.ref(t), tls, names)
+    return names
+
+
+# ---------------------------------------------------------------------------- guard sets
+
+class _Guard:
+    __slots__ = ("kind", "code", "source", "fn")
+
+    def __init__(self, kind: str, code: str, source: str, fn: Fn) -> None:
+        self.kind, self.code, self.source, self.fn = kind, code, source, fn
+
+
+class GuardSet:
+    """The checks of one cached frame (records from :mod:`torchair.inference._guards`) and the
+    sources they and the graph inputs read."""
+
+    def __init__(self, records: Sequence[dict], input_sources: Sequence[str] = ()) -> None:
+        self.sources = Sources()
+        self.guards: list[_Guard] = []
+        self.state: dict | None = None
+        self.modes: int | None = None
+        for rec in records:
+            kind = rec["kind"]
+            if rec.get("advisory"):
+                continue
+            if kind == "GLOBAL_STATE":
+                self.state = rec["state"]
+            elif kind == "TORCH_FUNCTION_MODE_STACK":
+                self.modes = int(rec["depth"])
+            else:
+                for code in rec["code"]:
+                    fn = compile_expression(code, self.sources, type_of=rec.get("type"),
+                                            obj=rec.get("obj"))
+                    self.guards.append(_Guard(kind, code, rec.get("source", ""), fn))
+        self.inputs = [source_slot(s, self.sources) for s in input_sources]
+
+    def __len__(self) -> int:
+        return len(self.guards)
+
+    def check(self, frame: dict, globals_: dict | Globals) -> tuple[str, list]:
+        """("", graph inputs) when every guard holds, else (a sentence naming the first guard
+        that does not, [])."""
+        if self.modes is not None and _mode_stack_depth() != self.modes:
+            return "a TorchFunctionMode is active (e.g. torch.device as a context manager)", []
+        if self.state is not None:
+            now = global_state()
+            if now != self.state:
+                diff = sorted(k for k in now if now[k] != self.state.get(k))
+                return f"global state changed: {', '.join(diff)}", []
+        if not isinstance(globals_, Globals):
+            globals_ = Globals(globals_)
+        values, why = self.sources.evaluate(frame, globals_)
+        if why:
+            return why, []
+        for guard in self.guards:
+            try:
+                ok = guard.fn(values)
+            except Exception as error:  # noqa: BLE001 - an unreadable value fails the guard
+                return f"{guard.kind} `{guard.code}`: {type(error).__name__}: {error}", []
+            if not ok:
+                return f"{guard.kind} `{guard.code}` does not hold{self._now(guard, values)}", []
+        return "", [values[i] for i in self.inputs]
+
+    def _now(self, guard: _Guard, values: list) -> str:
+        """The guarded value now, when it is short to show (for the warning)."""
+        slot = self.sources.index.get(guard.source) if guard.source else None
+        if slot is None or slot >= len(values):
+            return ""
+        value = values[slot]
+        if guard.kind == "TYPE_MATCH":
+            return f" ({guard.source} is a {type(value).__qualname__})"
+        if guard.kind == "TENSOR_MATCH" and isinstance(value, torch.Tensor):
+            return (f" ({guard.source} is {str(value.dtype).removeprefix('torch.')}"
+                    f"{list(value.shape)} with strides {list(value.stride())})")
+        if guard.kind in ("LENGTH_CHECK", "DICT_LENGTH"):
+            try:
+                return f" (len({guard.source}) is {len(value)})"
+            except TypeError:
+                return ""
+        if guard.kind in ("EQUALS_MATCH", "TRUE_MATCH", "FALSE_MATCH", "NONE_MATCH"):
+            text = repr(value)
+            return f" ({guard.source} is {text if len(text) <= 60 else text[:57] + '...'})"
+        return ""

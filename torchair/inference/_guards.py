@@ -1,0 +1,183 @@
+"""Record the guards Dynamo produced for a ``cache_compile`` frame (the cold start).
+
+After the cold call, the frame's new Dynamo cache entry holds a tree of guard managers (one per
+source: ``L['self']``, ``L['self'].n``, ``G['SCALE']``...) with leaf guards, plus the shape
+environment's guards at the root. :func:`harvest` walks it and returns JSON records
+``{"kind", "source", "code": [...], "type"?, "obj"?, "advisory"?}`` that
+:class:`torchair.inference._guard_eval.GuardSet` checks on warm starts. A guard that cannot be
+checked in another process raises :class:`~torchair.inference._guard_eval.UnsupportedGuard`
+(the cold start then does not cache the function and warns with the guard's text).
+
+Each record is also compiled and evaluated against the cold call's own frame: a guard that does
+not hold there means the evaluator and Dynamo disagree (or the function changed what it guards),
+and the function is not cached.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from torchair.inference._guard_eval import (ADVISORY_KINDS, Globals, GuardSet, Sources,
+                                            UnsupportedGuard,
+                                            describe_object, global_state, source_slot)
+
+_COMMENT = re.compile(r"\s+#.*$")
+_TYPE_SUFFIX = re.compile(r"\),\s*type=<class '.*'>.*$")
+_OBJ_ID = re.compile(r"___check_obj_id\((.*),\s*(\d+)\)")
+
+
+def entries(code: Any) -> list:
+    """Dynamo's cache entries for ``code`` (newest first)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return list(_debug_get_cache_entry_list(code))
+
+
+def new_entry(code: Any, before: set[int]) -> Any:
+    """The one cache entry for ``code`` that is not in ``before`` (ids of entries' code)."""
+    fresh = [e for e in entries(code) if id(e.code) not in before]
+    if len(fresh) != 1:
+        raise UnsupportedGuard(f"expected one new Dynamo cache entry for the frame, found "
+                               f"{len(fresh)}")
+    return fresh[0]
+
+
+def _clean(part: str) -> str:
+    """Dynamo's printed guard without its trailing comment and type hint."""
+    text = _COMMENT.sub("", part.strip())
+    if text.startswith("___check_type_id(") or text.startswith("___check_obj_id("):
+        text = _TYPE_SUFFIX.sub(")", text)
+    return text.strip()
+
+
+def _walk(manager: Any, out: list) -> None:
+    source = manager.get_source()
+    for leaf in manager.get_leaf_guards():
+        out.append((type(leaf).__name__, source, list(leaf.verbose_code_parts()), manager))
+    for child in manager.get_child_managers():
+        _walk(child, out)
+
+
+def harvest(entry: Any, frame: dict, globals_: dict) -> list[dict]:
+    """JSON records of every guard of ``entry`` (see the module doc), checked on the cold call's
+    own ``frame`` (locals) and ``globals_``."""
+    root = entry.guard_manager.root
+    leaves: list = []
+    _walk(root, leaves)
+    for leaf in root.get_epilogue_lambda_guards():
+        leaves.append((type(leaf).__name__, "", list(leaf.verbose_code_parts()), None))
+    records, seen = [], set()
+    for kind, source, parts, manager in leaves:
+        rec = _record(kind, source, parts, manager, frame, globals_)
+        key = (rec["kind"], tuple(rec.get("code", ())), rec.get("advisory", ""))
+        if key not in seen:
+            seen.add(key)
+            records.append(rec)
+    _self_check(records, frame, globals_)
+    return records
+
+
+def _record(kind: str, source: str, parts: list[str], manager: Any, frame: dict,
+            globals_: dict) -> dict:
+    code = [_clean(p) for p in parts]
+    rec: dict = {"kind": kind, "source": source, "code": code}
+    if kind in ADVISORY_KINDS:
+        rec["advisory"] = ADVISORY_KINDS[kind]
+    elif any(_SAVED_HOOKS in c for c in code):
+        rec["advisory"] = "saved-tensor hooks act on autograd graphs; cached graphs run " \
+                          "under torch.no_grad()"
+    elif kind == "GLOBAL_STATE":
+        rec["state"] = global_state()
+    elif kind == "TORCH_FUNCTION_MODE_STACK":
+        rec["depth"] = _mode_depth()
+        if rec["depth"]:
+            raise UnsupportedGuard("the function was traced under a TorchFunctionMode "
+                                   "(TORCH_FUNCTION_MODE_STACK); a cached graph cannot restore it")
+    elif kind == "DEFAULT_DEVICE":
+        if code != ["utils_device.CURRENT_DEVICE == None"]:
+            raise UnsupportedGuard(f"DEFAULT_DEVICE `{code[0]}`: traced under a default-device "
+                                   f"context")
+        rec["advisory"] = "no default-device context: implied by the TorchFunctionMode check"
+    if "code" in rec and not rec.get("advisory") and kind not in ("GLOBAL_STATE",
+                                                                  "TORCH_FUNCTION_MODE_STACK"):
+        if any(c.startswith("___check_type_id(") for c in code):
+            rec["type"] = _type_of(manager, source)
+        if any(c.startswith("___check_obj_id(") for c in code):
+            rec["obj"] = _object_of(code, source, frame, globals_)
+    return rec
+
+
+_SAVED_HOOKS = "top_saved_tensors_hooks"
+
+
+def _mode_depth() -> int:
+    import torch
+
+    return int(torch._C._len_torch_function_stack())
+
+
+def _type_of(manager: Any, source: str) -> list:
+    tp = manager.get_type_of_guarded_value() if manager is not None else None
+    if not isinstance(tp, type):
+        raise UnsupportedGuard(f"TYPE_MATCH on {source}: the guarded type is unknown")
+    return [tp.__module__, tp.__qualname__]
+
+
+def _object_of(code: list[str], source: str, frame: dict, globals_: dict) -> dict:
+    """The guarded object of an ID_MATCH, read from the cold frame and checked to be the very
+    object Dynamo saw (same id), described for other processes."""
+    match = next((_OBJ_ID.search(c) for c in code if _OBJ_ID.search(c)), None)
+    if match is None:
+        raise UnsupportedGuard(f"ID_MATCH `{code[0]}`: no object id")
+    sources = Sources()
+    slot = source_slot(match.group(1), sources)
+    values, why = sources.evaluate(frame, Globals(globals_))
+    if why:
+        raise UnsupportedGuard(f"ID_MATCH on {source}: {why}")
+    obj = values[slot]
+    if id(obj) != int(match.group(2)):
+        raise UnsupportedGuard(f"ID_MATCH on {source}: the object changed during the call")
+    described = describe_object(obj)
+    if described is None:
+        raise UnsupportedGuard(f"ID_MATCH on {source} (a {type(obj).__qualname__}): identity of "
+                               f"such an object cannot be checked in another process")
+    return described
+
+
+def _self_check(records: list[dict], frame: dict, globals_: dict) -> None:
+    guards = GuardSet(records)  # compiles every record: UnsupportedGuard if one cannot be
+    why, _ = guards.check(frame, globals_)
+    if why:
+        raise UnsupportedGuard(f"a recorded guard does not hold on the call that was traced "
+                               f"({why}); the function changes what Dynamo guards")
+
+
+def side_effects(on_found: Callable[[str], None]) -> None:
+    """Report Python side effects Dynamo would replay after the graph on objects that existed
+    before the call (attribute writes, list appends, global writes): a cached graph cannot
+    replay them. Objects created during the call (a returned dict) do not count."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        from torch._dynamo.variables.base import (AttributeMutationExisting,
+                                                  ValueMutationExisting)
+
+        effects = InstructionTranslator.current_tx().output.side_effects
+        existing = (AttributeMutationExisting, ValueMutationExisting)
+        mutated = [v for v in effects.id_to_variable.values()
+                   if isinstance(v.mutation_type, existing) and effects.is_modified(v)]
+        hooks = bool(effects.tensor_hooks)
+    except Exception:  # noqa: BLE001 - internals moved: say so rather than guess
+        on_found("Dynamo's side-effect record is not readable in this torch version")
+        return
+    if mutated or hooks:
+        names = sorted({_describe_variable(v) for v in mutated})[:3]
+        on_found("the function mutates Python state that existed before the call ("
+                 + (", ".join(names) if names else "tensor hooks") + "), which Dynamo "
+                 "replays after the graph and a cached graph cannot; keep such updates "
+                 "outside func")
+
+
+def _describe_variable(variable: Any) -> str:
+    source = getattr(variable, "source", None)
+    return source.name() if source is not None and callable(getattr(source, "name", None)) \
+        else type(variable).__name__
