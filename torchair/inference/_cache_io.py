@@ -95,11 +95,11 @@ def graph_outputs(spec: dict, unit_outputs: Sequence[Any], inputs: Sequence[Any]
 
 
 def output_spec(result: Any, outputs: Sequence[Any], inputs: Sequence[Any],
-                scalars_free: bool) -> Any:
+                may_vary: Callable[[Any], bool]) -> Any:
     """The return value as JSON: graph output ``k`` as {"out": k} (tensors by identity, Python
     numbers by a unique equal value), graph input ``j`` as {"in": j}, constants as {"const": v}.
-    A number that matches no output is a constant only when ``scalars_free`` (no number reached
-    the graph unspecialized): otherwise it may depend on the call and is not cacheable."""
+    A number that matches no output is a constant of the compiled code unless ``may_vary(x)``
+    (Dynamo could have rebuilt it from an unspecialized input): then it is not cacheable."""
     tensor_out = {id(o): k for k, o in reversed(list(enumerate(outputs)))
                   if isinstance(o, torch.Tensor)}
     tensor_in = {id(x): j for j, x in reversed(list(enumerate(inputs)))
@@ -112,7 +112,7 @@ def output_spec(result: Any, outputs: Sequence[Any], inputs: Sequence[Any],
         if len(same) > 1:
             raise NotCacheable(f"the returned number {x!r} equals several graph outputs; return "
                                f"it as a tensor")
-        if not scalars_free:
+        if may_vary(x):
             raise NotCacheable(f"the returned number {x!r} may depend on the call's inputs "
                                f"(sizes or numbers are symbolic); return it as a tensor")
         return {"const": x}

@@ -19,6 +19,7 @@ from torchair.inference._cache_io import (NotCacheable, build_output, graph_outp
                                           info_from_json, program_from_graph)
 from torchair.inference._graph_io import graph_from_json
 from torchair.inference._guard_eval import GuardSet
+from torchair.inference.gears import get_dim_gears
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
@@ -62,6 +63,7 @@ class Runtime:
         self.wrap = {k: _number_as_tensor(info["dtype"]) for k, (wrap, info) in
                      enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap}
         self.checks = [_InputCheck(info) for info in inputs]
+        self.gears = _gear_marks(meta["unit"], inputs)
         self.aot = meta["aot"]
         self.output = meta["output"]
         self.first_call_context: Callable | None = None
@@ -104,6 +106,11 @@ class Runtime:
             why = check.mismatch(value)
             if why:
                 return why, []
+        for k, (name, expected) in self.gears.items():
+            found = get_dim_gears(flat[k])
+            if found != expected:
+                return (f"graph input `{name}` has gears {found}, the entry was built for "
+                        f"gears {expected}"), []
         return "", flat
 
     def __call__(self, flat: list) -> Any:
@@ -115,6 +122,19 @@ class Runtime:
         else:
             outputs = self.unit(flat)
         return build_output(self.output, graph_outputs(self.aot, outputs, inputs), inputs)
+
+
+def _gear_marks(unit: dict, inputs: list) -> dict[int, tuple[str, dict | None]]:
+    """Per user tensor input, the ``set_dim_gears`` marks the cold call had (None: no gears).
+    A warm call must carry the same marks: other gears would trace (and fail) differently."""
+    marks: dict[int, tuple[str, dict | None]] = {
+        k: (info.name, None) for k, info in enumerate(inputs) if info.kind == "tensor"}
+    if unit["kind"] == "gears":
+        for index, name, dim, sizes in unit["table"]["dims"]:
+            gears = marks[index][1] or {}
+            gears[dim] = tuple(sizes)
+            marks[index] = (name, gears)
+    return marks
 
 
 def _static_unit(u: dict, gm: Any, files: dict, entry: Any, report: GraphReport,

@@ -365,8 +365,8 @@ class CachedFunction:
                                f"{len(state.sources)} (e.g. inline_inbuilt_nn_modules=False "
                                f"lifts parameters into the graph)")
         aot = aot_outputs_spec(rec.fw_metadata, len(rec.outputs))
-        free = _scalars_free(state, guards)
-        output = output_spec(result, state.aot_outputs, state.flat_inputs, free)
+        output = output_spec(result, state.aot_outputs, state.flat_inputs,
+                             _numbers_that_may_vary(state, guards))
         files, unit = _unit_files(rec)
         report = rec.report
         meta = {
@@ -505,14 +505,26 @@ def _unit_files(rec: recorder.GraphRecord) -> tuple[dict, dict]:
     return files, unit
 
 
-def _scalars_free(state: _ColdState, guards: list) -> bool:
-    """True when no Python number reached the graph unspecialized: no SymInt or number graph
-    input and no int / float the guards only type-check (Dynamo specializes the rest by value),
-    so a number in the return value is a constant of the compiled code."""
-    if any(s is None for s in state.shapes) or any(state.as_tensor):
-        return False
-    numbers = (["builtins", "int"], ["builtins", "float"])
-    return not any(g.get("type") in numbers for g in guards)
+def _numbers_that_may_vary(state: _ColdState, guards: list) -> Callable[[Any], bool]:
+    """Which returned numbers (not graph outputs) might not be constants of the compiled code.
+
+    Dynamo returns a number computed from symbolic values as a graph output; one it does not
+    return that way is either a constant (specialized, guarded by value) or an unspecialized
+    input handed back unchanged (rebuilt from its source on every call). An int is suspect when
+    it equals a SymInt graph input's cold value or some int is guarded by type only; a float
+    when any float reached the graph as a tensor or is guarded by type only."""
+    int_values = {v for v, shape in zip(state.flat_inputs, state.shapes)
+                  if shape is None and isinstance(v, int)}
+    typed = {tuple(g["type"]) for g in guards if g.get("type")}
+    loose_ints = ("builtins", "int") in typed
+    loose_floats = ("builtins", "float") in typed or any(state.as_tensor)
+
+    def may_vary(x: Any) -> bool:
+        if isinstance(x, float):
+            return loose_floats
+        return loose_ints or x in int_values
+
+    return may_vary
 
 
 @contextlib.contextmanager
