@@ -5,8 +5,10 @@ structure (submodule types, parameter and buffer names, shapes, dtypes), ``func`
 compile config, ``dynamic``, custom decompositions, the user's fusion patterns (names and
 sources), torch / Python versions, a hash of torchair's own sources (passes, patterns, kernels)
 and the device kind; with ``ge_cache`` (an entry holding a library compiled for this machine)
-also the CPU's model and feature flags. Functions Dynamo inlines while tracing are only known afterwards: the entry
-records their source files with hashes, and a warm start checks them (any change: rebuild).
+also the CPU's model and feature flags and ``$ATEN_CPU_CAPABILITY``. Functions Dynamo inlines
+while tracing are only known afterwards: the entry records their source files with hashes, and
+a warm start checks them (any change: rebuild). The guards Dynamo produced are recorded in the
+entry and checked on every warm call (:mod:`torchair.inference._guard_eval`).
 """
 from __future__ import annotations
 
@@ -73,11 +75,14 @@ def device_kind(module: torch.nn.Module) -> str:
 
 
 def cpu_signature() -> str:
-    """This CPU's model and feature flags, hashed: an ahead-of-time library is compiled with
-    ``-march=native`` (and Inductor's vector ISA), so it only runs where they match."""
+    """This CPU's model and feature flags and the ISA override, hashed: an ahead-of-time library
+    is compiled with ``-march=native`` and the vector ISA Inductor picks from exactly these
+    (``$ATEN_CPU_CAPABILITY`` caps it), so it only runs where they match. Hashing the inputs of
+    the pick, not the pick, keeps Inductor (and its ISA probe) out of a warm start."""
     from torchair.ops import _native
 
-    return _sha(_native.cpu_signature())[:16]
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
+    return _sha(_native.cpu_signature() + "\nATEN_CPU_CAPABILITY=" + capability)[:16]
 
 
 def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict | None,

@@ -164,10 +164,11 @@ def ensure_dir(
     current = root
     for part in rel.parts:
         current = current / part
-        try:
-            os.mkdir(current, _DIR_MODE)
-        except FileExistsError:
-            pass
+        if not os.path.lexists(current):  # an existing one is used as is (read-only disks)
+            try:
+                os.mkdir(current, _DIR_MODE)
+            except FileExistsError:
+                pass
         _check_dir(current)
     return path
 

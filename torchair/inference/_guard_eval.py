@@ -32,8 +32,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["ADVISORY_KINDS", "Globals", "GuardSet", "Sources", "UnsupportedGuard", "compile_expression",
-           "describe_object", "global_state", "source_slot"]
+__all__ = ["ADVISORY_KINDS", "Globals", "GuardSet", "Sources", "UnsupportedGuard",
+           "compile_expression", "describe_object", "global_state", "source_slot"]
 
 
 class UnsupportedGuard(Exception):
