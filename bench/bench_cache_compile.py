@@ -6,16 +6,20 @@ The model is ``bench_decode_step.DecoderStep`` (path 4: ``dynamic=True``, every 
 interpreter to the first output printed by the child (so imports count):
 
 * ``cold``: empty cache directory (Dynamo trace, AOT, passes, Inductor compile, save);
-* ``warm``: the entry the cold run saved (no Dynamo, no guards). Without ``ge_cache`` the launch
-  unit is compiled again by Inductor; with ``ge_cache=True`` the cold start built it ahead of time
-  into a shared library kept in the entry and the warm start only loads it.
+* ``warm``: the entry the cold run saved (no Dynamo: the recorded guards are checked by
+  torchair's own evaluator). Without ``ge_cache`` the launch unit is compiled again by Inductor;
+  with ``ge_cache=True`` the cold start built it ahead of time into a shared library kept in the
+  entry and the warm start only loads it;
+* ``dynamic``: no ``mark_static``, so the entry holds a shape-generic graph; the cold start runs
+  batch 2, the warm starts batch 3 (a size the cold call never saw, admitted by the entry's
+  symbolic shapes and guards) and compare with eager at that batch.
 
 Inductor's own global cache is pointed at a fresh directory per run, so only ``ge_cache`` can
 make code generation disappear. Per-call overhead is measured in the first warm process of each:
 eager, plain ``torch.compile`` with the torchair backend (Dynamo guards on every call) and the
 warm ``cache_compile`` call, in interleaved rounds with new lengths every call.
 
-    python bench/bench_cache_compile.py --quick      # ~2 min on 2 CPU cores
+    python bench/bench_cache_compile.py --quick      # ~3 min on 2 CPU cores
     python bench/bench_cache_compile.py
 """
 from __future__ import annotations
@@ -56,23 +60,91 @@ def _child(args: argparse.Namespace) -> None:
         def decode(self, x, pos, lens: list, k_caches: list, v_caches: list):
             return self.step(x, pos, lens, k_caches, v_caches)
 
+    if args.dynamic_entry:
+        _child_dynamic(args, cfg)
+        return
     model = Cached().eval()
-    batch = 2
+    batch = args.batch
     x = torch.randn(batch, 1, cfg.hidden)
     pos = torch.tensor([7])
     ks = [torch.randn(batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
     vs = [torch.randn(batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
     torchair.inference.mark_static(x, pos, *ks, *vs)  # Dynamo is imported only if it traces
+    lens = [9, 13, 5, 21][:batch]
     with torch.no_grad():
-        out = model.cached(x, pos, [9, 13], ks, vs)
+        out = model.cached(x, pos, lens, ks, vs)
+    _first_output(out, lambda: model.decode(x, pos, lens, ks, vs))
+    if args.overhead:
+        print("OVERHEAD", json.dumps(_overhead(model, x, pos, ks, vs, args)), flush=True)
+
+
+def _first_output(out, eager) -> None:
+    """Print the first output's line (the parent times it), then eager's difference."""
+    import torch
+
+    import torchair
+
     report = torchair.graph_reports()[-1]
     print("FIRST_OUTPUT", json.dumps({"checksum": float(out.double().sum()),
                                       "launch": report.launch, "engine": report.engine,
                                       "dynamo_imported": "torch._dynamo" in sys.modules,
                                       "inductor_imported": "torch._inductor" in sys.modules}),
           flush=True)
-    if args.overhead:
-        print("OVERHEAD", json.dumps(_overhead(model, x, pos, ks, vs, args)), flush=True)
+    with torch.no_grad():
+        diff = float((out - eager()).abs().max())
+    print("EAGER", json.dumps({"max_abs_diff": diff}), flush=True)
+
+
+def _import_floor(runs: int) -> float:
+    """Median seconds from launching ``python -c "import torch, torchair"`` to its first output:
+    the part of any warm start that caching cannot remove."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", "import torch, torchair; print('up')"],
+                                stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()
+        times.append(time.perf_counter() - start)
+        proc.wait()
+    return statistics.median(times)
+
+
+def _child_dynamic(args: argparse.Namespace, cfg) -> None:
+    """The dynamic row: the decode model's MLP blocks (RMSNorm, gated MLP, residual) on
+    ``[batch, 1, hidden]`` with no marks, so batch is symbolic in the entry. (The attention
+    layers take per-sequence lengths as a list, whose length Dynamo guards: one entry per
+    batch size, as in TorchAir.)"""
+    import torch
+
+    import torchair
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.RMSNorm(cfg.hidden)
+            self.gate_up = torch.nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=False)
+            self.down = torch.nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+
+        def forward(self, h):
+            gate, up = self.gate_up(self.norm(h)).chunk(2, dim=-1)
+            return h + self.down(torch.nn.functional.silu(gate) * up)
+
+    class Dense(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(cfg.layers))
+            self.cached = torchair.inference.cache_compile(self.decode, cache_dir=args.cache_dir)
+
+        def decode(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    model = Dense().eval()
+    x = torch.randn(args.batch, 1, cfg.hidden)
+    with torch.no_grad():
+        out = model.cached(x)
+    _first_output(out, lambda: model.decode(x))
 
 
 def _overhead(model, x, pos, ks, vs, args) -> dict:
@@ -104,12 +176,13 @@ def _overhead(model, x, pos, ks, vs, args) -> dict:
 
 
 def _launch(args: argparse.Namespace, cache_dir: str, ge_cache: bool, overhead: bool,
-            inductor_dir: str) -> dict:
+            inductor_dir: str, dynamic: bool = False, batch: int = 2) -> dict:
     cmd = [sys.executable, __file__, "--child", "--cache-dir", cache_dir,
            "--layers", str(args.layers), "--hidden", str(args.hidden),
            "--capacity", str(args.capacity), "--rounds", str(args.rounds),
-           "--calls", str(args.calls)]
+           "--calls", str(args.calls), "--batch", str(batch)]
     cmd += ["--ge-cache"] if ge_cache else []
+    cmd += ["--dynamic-entry"] if dynamic else []
     cmd += ["--overhead"] if overhead else []
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=inductor_dir)
     start = time.perf_counter()
@@ -119,6 +192,8 @@ def _launch(args: argparse.Namespace, cache_dir: str, ge_cache: bool, overhead: 
     for line in proc.stdout:
         if line.startswith("FIRST_OUTPUT"):
             result["first_output_s"] = time.perf_counter() - start
+            result.update(json.loads(line.split(" ", 1)[1]))
+        elif line.startswith("EAGER"):
             result.update(json.loads(line.split(" ", 1)[1]))
         elif line.startswith("OVERHEAD"):
             result["overhead_us"] = json.loads(line.split(" ", 1)[1])
@@ -134,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     parser.add_argument("--ge-cache", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--overhead", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--dynamic-entry", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--capacity", type=int, default=1024)
@@ -154,25 +231,32 @@ def main(argv: list[str] | None = None) -> int:
     info = H.machine_info("cpu")
     print(H.format_machine(info))
     rows, runs = [], {}
+    floor = _import_floor(max(3, args.warm_runs))
     with tempfile.TemporaryDirectory() as tmp:
-        for ge in (True, False):
-            cache = os.path.join(tmp, f"cache-{'ge' if ge else 'plain'}")
+        cases = [("ge_cache", True, False, 2), ("no_ge_cache", False, False, 2),
+                 ("dynamic, warm at batch 3", False, True, 3)]
+        for key, ge, dynamic, warm_batch in cases:
+            cache = os.path.join(tmp, f"cache-{len(runs)}")
             fresh = lambda tag: tempfile.mkdtemp(dir=tmp, prefix=f"inductor-{tag}-")  # noqa: E731
-            cold = _launch(args, cache, ge, False, fresh("cold"))
-            warms = [_launch(args, cache, ge, k == 0, fresh("warm"))
-                     for k in range(args.warm_runs)]
+            cold = _launch(args, cache, ge, False, fresh("cold"), dynamic)
+            warms = [_launch(args, cache, ge, k == 0 and not dynamic, fresh("warm"), dynamic,
+                             warm_batch) for k in range(args.warm_runs)]
             warm_s = statistics.median(w["first_output_s"] for w in warms)
-            same = all(abs(w["checksum"] - cold["checksum"]) < 1e-3 * max(1, abs(
-                cold["checksum"])) for w in warms)
-            key = "ge_cache" if ge else "no_ge_cache"
+            # same as eager at the warm call's batch (and the cold checksum when the batch is)
+            same = all(w["max_abs_diff"] < 1e-3 for w in [cold] + warms) and (
+                dynamic or all(abs(w["checksum"] - cold["checksum"]) < 1e-3 * max(
+                    1, abs(cold["checksum"])) for w in warms))
             runs[key] = {"cold": cold, "warm": warms, "warm_median_s": warm_s,
-                         "warm_over_cold": warm_s / cold["first_output_s"], "same_output": same}
+                         "warm_over_cold": warm_s / cold["first_output_s"], "same_output": same,
+                         "warm_dynamo_imported": any(w["dynamo_imported"] for w in warms)}
             rows.append([key, f"{cold['first_output_s']:.2f}", f"{warm_s:.2f}",
-                         f"{100 * warm_s / cold['first_output_s']:.1f}%", same,
-                         warms[0]["launch"]])
+                         f"{100 * warm_s / cold['first_output_s']:.1f}%",
+                         f"{warm_s - floor:.2f}", same,
+                         runs[key]["warm_dynamo_imported"], warms[0]["launch"]])
             runs[key]["overhead_us"] = warms[0].get("overhead_us")
-    print(H.format_table(["entry", "cold s", "warm s (median)", "warm/cold", "same output",
-                          "warm launch"], rows))
+    print(f"floor: `import torch, torchair` in a new process takes {floor:.2f} s (median)")
+    print(H.format_table(["entry", "cold s", "warm s (median)", "warm/cold", "warm - floor s",
+                          "same as eager", "warm imported Dynamo", "warm launch"], rows))
     for key in ("ge_cache", "no_ge_cache"):
         overhead = runs[key]["overhead_us"] or {}
         engine = runs[key]["warm"][0]["engine"]
@@ -180,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                              [[k if k != "cache_compile" else f"cache_compile ({engine})",
                                f"{v:.0f}", f"{v / overhead['eager']:.2f}"]
                               for k, v in overhead.items()]))
-    payload = {"machine": info, "args": vars(args), "runs": runs, "command": H.command_line()}
+    payload = {"machine": info, "args": vars(args), "runs": runs, "import_floor_s": floor,
+               "command": H.command_line()}
     H.save_results("cache_compile", H.machine_tag(info), payload, quick=args.quick,
                    out=args.out)
     return 0

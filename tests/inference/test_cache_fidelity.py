@@ -294,3 +294,41 @@ def test_random_ops_are_refused_with_torchairs_exception(tmp_path):
     assert "rand_like" in str(inner)
     assert not list(tmp_path.rglob("meta.json"))
 
+
+
+class _Flags:
+    compiling = False
+    note = None
+
+
+FLAGS = _Flags()
+
+
+class Flagged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def step(self, x):
+        FLAGS.compiling = True  # transformers' output capturing does this around its forward
+        y = self.linear(x)
+        FLAGS.compiling = False
+        FLAGS.note = "done"
+        return y
+
+
+def test_constant_attribute_writes_are_replayed_after_a_warm_call(tmp_path, torchair_log):
+    model = Flagged()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        cache_compile(model.step, config=_config(), cache_dir=str(tmp_path))(x)
+    assert list(tmp_path.rglob("meta.json")), [r.getMessage() for r in torchair_log]
+    torch._dynamo.reset()
+    FLAGS.compiling, FLAGS.note = True, None  # stale values a warm call must overwrite
+    warm = cache_compile(model.step, config=_config(), cache_dir=str(tmp_path))
+    with torch.no_grad():
+        assert torch.equal(warm(x), model.step(x))
+        FLAGS.compiling, FLAGS.note = True, None
+        warm(x)
+    assert warm.runtime is not None  # served from the entry
+    assert FLAGS.compiling is False and FLAGS.note == "done"

@@ -59,7 +59,11 @@ class Runtime:
     def __init__(self, meta: dict, unit: Callable, inputs: list) -> None:
         self.meta = meta
         self.unit = unit
-        self.guards = GuardSet(meta["guards"], meta["sources"])
+        # the objects whose attributes Dynamo would set after the graph come last in ``flat``
+        self.writes = [(attr, value) for _, attr, value in meta.get("writes", [])]
+        self.guards = GuardSet(meta["guards"], meta["sources"] + [w[0] for w in
+                                                                  meta.get("writes", [])])
+        self.n_inputs = len(meta["sources"])
         self.wrap = {k: _number_as_tensor(info["dtype"]) for k, (wrap, info) in
                      enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap}
         self.checks = [_InputCheck(info) for info in inputs]
@@ -114,6 +118,8 @@ class Runtime:
         return "", flat
 
     def __call__(self, flat: list) -> Any:
+        targets = flat[self.n_inputs:]
+        del flat[self.n_inputs:]
         inputs = list(flat)  # the unit may clear its argument list
         if self.first_call_context is not None:
             with self.first_call_context():
@@ -121,6 +127,8 @@ class Runtime:
             self.first_call_context = None
         else:
             outputs = self.unit(flat)
+        for target, (attr, value) in zip(targets, self.writes):  # as Dynamo does, after the graph
+            setattr(target, attr, value)
         return build_output(self.output, graph_outputs(self.aot, outputs, inputs), inputs)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import enum
 import importlib
 import math
 import operator
@@ -49,8 +50,18 @@ ADVISORY_KINDS = {
 }
 _SAVED_TENSOR_HOOKS = "top_saved_tensors_hooks"  # AOT's ambient guard (autograd graphs only)
 
+# dunder attributes a source may read (reading never calls what it reads; Dynamo guards methods
+# it inlined by their code objects, e.g. type(x).__mro__[k].__getattribute__.__code__)
 _DUNDERS = frozenset({"__closure__", "__code__", "__dict__", "__defaults__", "__kwdefaults__",
-                      "__func__", "__self__", "__class__"})
+                      "__func__", "__self__", "__class__", "__mro__", "__getattribute__",
+                      "__getattr__", "__setattr__", "__delattr__", "__init__", "__new__",
+                      "__call__", "__get__", "__set__", "__wrapped__", "__iter__", "__len__",
+                      "__getitem__", "__setitem__", "__contains__", "__bool__", "__eq__",
+                      "__hash__", "__enter__", "__exit__", "__name__", "__qualname__",
+                      "__module__", "__bases__", "__base__", "__annotations__", "__slots__",
+                      "__globals__", "__builtins__", "__doc__", "__forward__"})
+# builtins a source may wrap: Dynamo reads class attributes as dict(type(x).__mro__[k].__dict__)
+_SOURCE_CALLS = {"type": type, "dict": dict}
 _METHODS = {"size": (0, 1), "stride": (0, 1), "storage_offset": (0, 0), "dim": (0, 0),
             "numel": (0, 0), "keys": (0, 0), "values": (0, 0), "items": (0, 0),
             "issubset": (1, 1), "is_contiguous": (0, 0)}
@@ -150,6 +161,9 @@ def describe_object(obj: Any) -> dict | None:
         return {"torch_ops": True}
     if isinstance(obj, (torch.dtype, torch.device)):
         return {"value": [type(obj).__name__, str(obj)]}
+    if isinstance(obj, enum.Enum):  # a member is unique in its class: class and name say which
+        cls = type(obj)
+        return {"enum": [cls.__module__, cls.__qualname__, obj.name]}
     return None
 
 
@@ -229,8 +243,15 @@ class _Compiler:
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                   and not node.args and not node.keywords and node.func.attr in _METHODS):
                 node = node.func.value
+            elif _Compiler._source_call(node):
+                node = node.args[0]
             else:
                 return False
+
+    @staticmethod
+    def _source_call(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in _SOURCE_CALLS and len(node.args) == 1 and not node.keywords)
 
     def slot(self, node: ast.AST) -> int:
         if isinstance(node, ast.Name) and node.id in ("L", "G"):
@@ -250,6 +271,8 @@ class _Compiler:
                 and not node.keywords and node.func.attr in _METHODS):
             return self.sources.slot(key, self.slot(node.func.value),
                                      operator.methodcaller(node.func.attr))
+        if self._source_call(node):
+            return self.sources.slot(key, self.slot(node.args[0]), _SOURCE_CALLS[node.func.id])
         raise self.fail(f"`{key}` is not a source")
 
     def _subscript_key(self, index: ast.AST) -> Any:
@@ -266,6 +289,14 @@ class _Compiler:
         value = node.value
         if not (value is None or isinstance(value, (bool, int, float, str))):
             raise self.fail(f"unsupported constant {value!r}")
+        return lambda values: value
+
+    def _Attribute(self, node: ast.Attribute) -> Fn:
+        """``torch.float32``: a dtype constant (other attributes are read only from sources)."""
+        value = getattr(torch, node.attr, None)
+        if not (isinstance(node.value, ast.Name) and node.value.id == "torch"
+                and isinstance(value, torch.dtype)):
+            raise self.fail(f"unsupported attribute `{ast.unparse(node)}`")
         return lambda values: value
 
     def _Name(self, node: ast.Name) -> Fn:
@@ -358,6 +389,14 @@ class _Compiler:
             target, method = self.node(func.value), func.attr
             args = [self.node(a) for a in node.args]
             return lambda values: getattr(target(values), method)(*(a(values) for a in args))
+        if name == "device":  # a torch.device's repr: device(type='cpu', index=0)
+            try:
+                constant = torch.device(*[ast.literal_eval(a) for a in node.args],
+                                        **{k.arg: ast.literal_eval(k.value)
+                                           for k in node.keywords})
+            except (ValueError, TypeError, RuntimeError) as error:
+                raise self.fail(f"device(...) with non-constant arguments ({error})") from None
+            return lambda values: constant
         fn = _FUNCTIONS.get(name)
         if fn is None or node.keywords:
             raise self.fail(f"unsupported function {name!r}")

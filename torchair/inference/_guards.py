@@ -152,10 +152,13 @@ def _self_check(records: list[dict], frame: dict, globals_: dict) -> None:
                                f"({why}); the function changes what Dynamo guards")
 
 
-def side_effects(on_found: Callable[[str], None]) -> None:
-    """Report Python side effects Dynamo would replay after the graph on objects that existed
-    before the call (attribute writes, list appends, global writes): a cached graph cannot
-    replay them. Objects created during the call (a returned dict) do not count."""
+def side_effects(on_found: Callable[[str], None]) -> list[list]:
+    """Python side effects Dynamo would replay after the graph on objects that existed before
+    the call. Attribute writes of constants (None, bool, int, float, str) on objects reached
+    from the frame are returned as ``[source, attribute, value]`` for the warm call to replay
+    (transformers' ``compiling = True`` flags); anything else (list appends, tensors or objects
+    stored, deletions, tensor hooks) is reported to ``on_found``: a cached graph cannot replay
+    it. Objects created during the call (a returned dict) do not count."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         from torch._dynamo.variables.base import (AttributeMutationExisting,
@@ -166,18 +169,53 @@ def side_effects(on_found: Callable[[str], None]) -> None:
         mutated = [v for v in effects.id_to_variable.values()
                    if isinstance(v.mutation_type, existing) and effects.is_modified(v)]
         hooks = bool(effects.tensor_hooks)
+        writes, others = [], []
+        for v in mutated:
+            found = _constant_writes(v, effects, AttributeMutationExisting)
+            if found is None:
+                others.append(v)
+            else:
+                writes += found
     except Exception:  # noqa: BLE001 - internals moved: say so rather than guess
         on_found("Dynamo's side-effect record is not readable in this torch version")
-        return
-    if mutated or hooks:
-        names = sorted({_describe_variable(v) for v in mutated})[:3]
+        return []
+    if others or hooks:
+        names = sorted({_describe_variable(v, effects) for v in others})[:3]
         on_found("the function mutates Python state that existed before the call ("
                  + (", ".join(names) if names else "tensor hooks") + "), which Dynamo "
                  "replays after the graph and a cached graph cannot; keep such updates "
                  "outside func")
+    return writes
 
 
-def _describe_variable(variable: Any) -> str:
-    source = getattr(variable, "source", None)
-    return source.name() if source is not None and callable(getattr(source, "name", None)) \
-        else type(variable).__name__
+_CONSTANTS = (type(None), bool, int, float, str)
+
+
+def _constant_writes(variable: Any, effects: Any, attribute_kind: type) -> list | None:
+    """``[[source, attr, value], ...]`` when ``variable``'s only changes are attributes set to
+    constants and it has a source; None otherwise."""
+    if not isinstance(variable.mutation_type, attribute_kind):
+        return None
+    name = getattr(getattr(variable, "source", None), "name", None)
+    name = name() if callable(name) else name
+    attrs = effects.store_attr_mutations.get(variable, {})
+    if not isinstance(name, str) or not attrs:
+        return None
+    out = []
+    for attr, value in attrs.items():
+        if not (isinstance(attr, str) and value.is_python_constant()):
+            return None
+        constant = value.as_python_constant()
+        if type(constant) not in _CONSTANTS:
+            return None
+        out.append([name, attr, constant])
+    return out
+
+
+def _describe_variable(variable: Any, effects: Any) -> str:
+    """``L['cache'].layers[0]`` (``.is_initialized``, ...): where the object is and what changed."""
+    name = getattr(getattr(variable, "source", None), "name", None)
+    name = name() if callable(name) else name
+    where = name if isinstance(name, str) else type(variable).__name__
+    attrs = getattr(effects, "store_attr_mutations", {}).get(variable, {})
+    return where + (f" (.{', .'.join(sorted(map(str, attrs))[:3])})" if attrs else "")

@@ -42,7 +42,7 @@ from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_t
                                           output_spec, program_to_graph)
 from torchair.inference._cache_runtime import Runtime
 from torchair.inference._graph_io import UnserializableGraph, graph_code, graph_to_json
-from torchair.inference._guard_eval import UnsupportedGuard
+from torchair.inference._guard_eval import GuardSet, UnsupportedGuard
 from torchair.runtime import engines
 
 FORMAT = 2
@@ -334,6 +334,10 @@ class CachedFunction:
                 raise NotCacheable(state.not_cacheable)
             frame = self.frame(args, kwargs)
             guards = _guards.harvest(_guards.new_entry(code, before), frame, self.frame.globals)
+            why, _ = GuardSet([], [w[0] for w in state.writes]).check(frame, self.frame.globals)
+            if why:
+                raise NotCacheable(f"an object whose attribute func sets cannot be found again "
+                                   f"({why})")
             files = self._payload(state, parts, guards, result)
             files.update(_library_files(state.records[0]))
             published = store.write_entry(self.entry, files)
@@ -372,7 +376,7 @@ class CachedFunction:
         meta = {
             "format": FORMAT, "name": self.name, "key": parts, "key_hash": keys.key_hash(parts),
             "traced_files": keys.file_hashes(state.code_files), "guards": guards,
-            "sources": state.sources, "as_tensor": state.as_tensor,
+            "sources": state.sources, "as_tensor": state.as_tensor, "writes": state.writes,
             "inputs": [info_to_json(i) for i in inputs], "aot": aot, "output": output,
             "unit": unit, "ge_cache": self.ge_cache, "vec_isa": self.vec_isa,
             "report": {"fx_static": report.fx_static, "ir_static": report.ir_static,
@@ -559,6 +563,7 @@ class _ColdState:
         self.aot_outputs: list | None = None  # what the compiled graph returned to Dynamo
         self.flat_inputs: list = []
         self.not_cacheable = ""
+        self.writes: list[list] = []  # attribute writes of constants the warm call replays
 
 
 def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
@@ -594,7 +599,7 @@ def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
         context = torch._guards.TracingContext.try_get()
         state.code_files = [c.co_filename for c in getattr(context, "traced_code", None) or []]
         state.not_cacheable = ""
-        _guards.side_effects(lambda why: setattr(state, "not_cacheable", why))
+        state.writes = _guards.side_effects(lambda why: setattr(state, "not_cacheable", why))
         _refuse_random(gm)
         compiled = inner(gm, example_inputs)
         state.compiles += 1
@@ -678,6 +683,8 @@ def readable_cache(cache_bin: str | os.PathLike, print_output: bool = True,
         text = "; ".join(g.get("code", [])) if "state" not in g else json.dumps(g["state"])
         lines.append(f"    {g['kind']}: {text}" + (f"  [advisory: {g['advisory']}]"
                                                     if g.get("advisory") else ""))
+    for source, attr, value in meta.get("writes", []):
+        lines.append(f"    after each call: {source}.{attr} = {value!r}  (as Dynamo replays it)")
     lines.append("  graph inputs (Dynamo source -> IR Data):")
     for source, info in zip(meta["sources"], meta["inputs"]):
         lines.append(f"    {source}  ->  {info['kind']} {info['dtype']}{list(info['shape'])}"
