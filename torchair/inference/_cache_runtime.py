@@ -19,7 +19,7 @@ from torchair.inference._cache_io import (NotCacheable, build_output, graph_outp
                                           info_from_json, program_from_graph)
 from torchair.inference._graph_io import graph_from_json
 from torchair.inference._guard_eval import GuardSet
-from torchair.inference.gears import get_dim_gears
+from torchair.inference.gears import GearDim, GearTable, get_dim_gears
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
@@ -127,7 +127,7 @@ class Runtime:
             self.first_call_context = None
         else:
             outputs = self.unit(flat)
-        for target, (attr, value) in zip(targets, self.writes):  # as Dynamo does, after the graph
+        for target, (attr, value) in zip(targets, self.writes):  # after the graph, as Dynamo
             setattr(target, attr, value)
         return build_output(self.output, graph_outputs(self.aot, outputs, inputs), inputs)
 
@@ -168,7 +168,6 @@ def _static_unit(u: dict, gm: Any, files: dict, entry: Any, report: GraphReport,
 
 def _gear_unit(u: dict, files: dict, entry: Any, tensors: dict, report: GraphReport) -> Any:
     """One static unit per gear, each from its own graph in the entry, built at first use."""
-    from torchair.inference.gears import GearDim, GearTable
     from torchair.runtime.gears import GearUnit
 
     table = GearTable(tuple(GearDim(d[0], d[1], d[2], tuple(d[3])) for d in u["table"]["dims"]),
