@@ -131,6 +131,39 @@ def test_int32_accumulation_exact_on_worst_case(k):
         assert torch.equal(out, expect.float().to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("ieee", [True, False])
+@pytest.mark.parametrize("b1,b2", [((), ()), ((2,), ()), ((2,), (2,)), ((1, 3), (2, 1))])
+def test_int8_matmul_is_exact_in_both_gemm_paths(monkeypatch, ieee, b1, b2):
+    """Random int8 operands over several 1024-column slices of K, batched and broadcast: the
+    float32 slice path and the float64 path (taken when float32 matmuls may be reduced
+    precision) both equal numpy's int64 product."""
+    monkeypatch.setattr(_quant_cpu, "_fp32_matmul_is_ieee", lambda: ieee)
+    g = torch.Generator().manual_seed(7)
+    x1 = torch.randint(-128, 128, (*b1, 5, 2500), generator=g, dtype=torch.int8)
+    x2 = torch.randint(-128, 128, (*b2, 2500, 3), generator=g, dtype=torch.int8)
+    expect = np.matmul(x1.numpy().astype(np.int64), x2.numpy().astype(np.int64))
+    acc = _quant_cpu.int8_matmul_cpu(x1, x2)
+    assert acc.dtype == torch.int32
+    assert torch.equal(acc.long(), torch.from_numpy(expect).reshape(-1, 3))
+
+
+def test_reduced_precision_fp32_matmul_is_detected(monkeypatch):
+    """A process that allows bf16 float32 matmuls on CPU must not get the float32 slice path."""
+    matmul = getattr(getattr(torch.backends, "mkldnn", None), "matmul", None)
+    if matmul is None or not hasattr(matmul, "fp32_precision"):
+        pytest.skip("this torch has no torch.backends.mkldnn.matmul.fp32_precision")
+    assert _quant_cpu._fp32_matmul_is_ieee()
+    old = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "bf16"
+        assert not _quant_cpu._fp32_matmul_is_ieee()
+        x1 = torch.full((2, 3000), -128, dtype=torch.int8)
+        x2 = torch.full((3000, 2), 127, dtype=torch.int8)
+        assert int(_quant_cpu.int8_matmul_cpu(x1, x2)[0, 0]) == -3000 * 128 * 127
+    finally:
+        matmul.fp32_precision = old
+
+
 def _trans_quant_param(scale, offset=None):
     """npu_trans_quant_param's packing (documented): high 19 bits of the float32 scale in the low
     word, bit 46 set, a 9-bit offset in bits 37..45."""
