@@ -4,9 +4,17 @@
     config = torchair.CompilerConfig()
     config.experimental_config.tiling_schedule_optimize = True
     model = torch.compile(model, backend=torchair.get_npu_backend(compiler_config=config),
-                          dynamic=True, fullgraph=True)
+                          dynamic=True, fullgraph=True)      # or backend="torchair"
     torchair.graph_reports()[-1]   # static or not, and why
+
+TorchAir's public names and where each stands here (works / no effect here / not supported):
+``torchair._parity.PUBLIC_API``.
 """
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
 from torchair import inference, ops, scope
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.plan.report import GraphReport, graph_reports
@@ -15,18 +23,70 @@ __version__ = "0.1.0"
 
 # The compiler (backend, pipeline, passes, patterns) loads on first use, so a process that only
 # runs cache_compile's warm entries never imports it (nor the sympy/decomposition machinery).
+# Importing torchair patches nothing (torchair.compat patches only inside emulate_npu()).
 _LAZY = {"get_compiler": "torchair.core.backend", "get_npu_backend": "torchair.core.backend",
-         "register_replacement": "torchair.patterns"}
+         "register_replacement": "torchair.patterns",
+         "logger": "torchair.core.utils",
+         "use_internal_format_weight": "torchair.experimental.inference",
+         "npu_format_cast_via_cpu": "torchair.experimental.inference"}
+_LAZY_MODULES = ("compat", "experimental", "npu_fx_compiler", "patterns")
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"torchair.{name}")  # the import binds the attribute
+    from torchair._parity import unsupported_reason
+
+    reason = unsupported_reason(f"torchair.{name}")
+    if reason is not None:
+        raise AttributeError(f"torchair.{name} is not supported by this torchair: {reason}")
     raise AttributeError(f"module 'torchair' has no attribute {name!r}")
+
+
+def patch_for_hcom() -> None:
+    """TorchAir: patch ``torch.distributed`` collectives for HCCL graphs on old PyTorch.
+
+    PyTorch >= 2.3.1 traces the collectives itself (torchair needs >= 2.6), so, as in TorchAir
+    on those versions, this only warns and patches nothing.
+    """
+    warnings.warn("For versions 2.3.1 and above of PyTorch, there is no need to call "
+                  "patch_for_hcom anymore.", stacklevel=2)
+
+
+def register_fx_node_ge_converter(aten_op: Any) -> Callable[[Callable], Callable]:
+    """TorchAir: register ``converter`` as the Ascend GE lowering of the op ``aten_op``.
+
+    There is no GE graph here: an op in a torchair graph runs through its PyTorch kernels (give
+    a custom op its eager and fake kernels with ``torch.library``). The decorator checks its
+    arguments, logs that the converter is not used and returns it unchanged, so scripts that
+    register converters still import and run. ``aten_op=None`` is accepted (TorchAir ignores it).
+    """
+    import torch
+
+    if aten_op is not None and not isinstance(aten_op, (torch._ops.OpOverload,
+                                                        torch._ops.OpOverloadPacket)):
+        raise TypeError(f"register_fx_node_ge_converter: aten_op must be a torch op (e.g. "
+                        f"torch.ops.npu.my_op.default) or None, got {type(aten_op).__name__} "
+                        f"{aten_op!r}")
+
+    def decorator(converter: Callable) -> Callable:
+        if not callable(converter):
+            raise TypeError(f"register_fx_node_ge_converter({aten_op}): the converter must be "
+                            f"callable, got {type(converter).__name__}")
+        from torchair.core.utils import logger
+
+        logger.info("register_fx_node_ge_converter(%s): GE converters are not used by torchair "
+                    "(no GE graph); the op runs through its PyTorch kernels", aten_op)
+        return converter
+
+    return decorator
+
 
 __all__ = [
     "CompilerConfig",
@@ -35,7 +95,12 @@ __all__ = [
     "get_npu_backend",
     "graph_reports",
     "inference",
+    "logger",
+    "npu_format_cast_via_cpu",
     "ops",
+    "patch_for_hcom",
+    "register_fx_node_ge_converter",
     "register_replacement",
     "scope",
+    "use_internal_format_weight",
 ]

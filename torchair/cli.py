@@ -22,7 +22,8 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run = commands.add_parser(
         "run", help="run a script written for Ascend (torch_npu + TorchAir) on CPU or CUDA",
         description="Run SCRIPT as __main__ with torch_npu emulated by torchair: torch_npu.npu_* "
-                    "are torchair's ops, .npu() moves to the chosen device.")
+                    "are torchair's ops; 'npu' devices, .npu() and torch.npu (streams, events, "
+                    "seeds, memory queries) are the chosen device's.")
     run.add_argument("--device", choices=("cpu", "cuda"), default=None,
                      help="the device that plays the NPU (default: cuda when available, else cpu)")
     run.add_argument("script", help="path of the Python script")

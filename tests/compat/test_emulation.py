@@ -20,8 +20,10 @@ PATCHED = [(torch, "npu"), (torch.Tensor, "npu"), (torch.Tensor, "is_npu"),
 
 def _assert_clean():
     assert "torch_npu" not in sys.modules and "torch_npu.npu" not in sys.modules
+    assert "torch_npu.npu.utils" not in sys.modules
     for owner, name in PATCHED:
         assert name not in vars(owner), f"{owner.__name__}.{name} is still patched"
+    assert torch.device is torch._C.device and torch._C._len_torch_function_stack() == 0
     assert not compat.is_emulated()
 
 
@@ -40,6 +42,8 @@ def test_importing_torchair_patches_nothing():
         assert "torch_npu" not in sys.modules, "torch_npu imported"
         assert not hasattr(torch, "npu") and not hasattr(torch.Tensor, "npu")
         assert not hasattr(torch.nn.Module, "npu") and not hasattr(torch.Tensor, "is_npu")
+        assert torch.device is torch._C.device, "torch.device replaced"
+        assert torch._C._len_torch_function_stack() == 0, "a torch-function mode pushed"
         print("clean")
     """)
     done = _run(code)
@@ -139,8 +143,8 @@ def test_format_cast_is_the_identity(torch_npu):
 def test_unemulated_names_raise_naming_them(torch_npu):
     with pytest.raises(NotImplementedError, match=r"torch_npu\.npu_moe_gating_top_k is Ascend"):
         _ = torch_npu.npu_moe_gating_top_k
-    with pytest.raises(compat.NotEmulatedError, match=r"torch_npu\.npu\.Stream is Ascend-only"):
-        _ = torch.npu.Stream
+    with pytest.raises(compat.NotEmulatedError, match=r"torch_npu\.npu\.NPUGraph is Ascend-only"):
+        _ = torch.npu.NPUGraph
     assert not hasattr(torch_npu, "profiler")  # still an AttributeError for feature probes
     assert not hasattr(torch_npu, "__path__")
     with pytest.raises(ImportError, match="torch_npu.contrib"):

@@ -85,7 +85,7 @@ def test_custom_decompositions_must_be_a_dict(bad):
 def test_default_config_when_none():
     backend = torchair.get_npu_backend()
     assert isinstance(backend.compiler_config, torchair.CompilerConfig)
-    assert backend.compiler_config.experimental_config.tiling_schedule_optimize is False
+    assert backend.compiler_config.experimental_config.tiling_schedule_optimize.value == "0"
 
 
 # ------------------------------------------------------------------------- config is copied
@@ -97,8 +97,8 @@ def test_config_is_copied_at_get_npu_backend():
     # changed after the backend was made: must not reach it
     config.experimental_config.tiling_schedule_optimize = True
     config.debug.run_eagerly = False
-    assert backend.compiler_config.experimental_config.tiling_schedule_optimize is False
-    assert backend.compiler_config.debug.run_eagerly is True
+    assert backend.compiler_config.experimental_config.tiling_schedule_optimize.value == "0"
+    assert backend.compiler_config.debug.run_eagerly.value == "1"
     reports = _run_path4_setup(backend)
     assert len(reports) == 1
     report = reports[0]
@@ -112,8 +112,8 @@ def test_backend_config_copy_is_not_shared_with_later_backends():
     first = torchair.get_npu_backend(compiler_config=config)
     config.experimental_config.tiling_schedule_optimize = False
     second = torchair.get_npu_backend(compiler_config=config)
-    assert first.compiler_config.experimental_config.tiling_schedule_optimize is True
-    assert second.compiler_config.experimental_config.tiling_schedule_optimize is False
+    assert first.compiler_config.experimental_config.tiling_schedule_optimize.value == "1"
+    assert second.compiler_config.experimental_config.tiling_schedule_optimize.value == "0"
     reports = _run_path4_setup(first)
     assert [r.path for r in reports] == [4]
 

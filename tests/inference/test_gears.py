@@ -122,25 +122,34 @@ def test_sizes_allowed_alone_but_not_together_under_zip():
 
 # ---- set_dim_gears validation -------------------------------------------------------------
 
-@pytest.mark.parametrize("tensor, dim_gears, error, message", [
-    ([1, 2], {0: [2, 4]}, TypeError, "tensor must be a torch.Tensor, got list"),
-    (None, [2, 4], TypeError, r"dim_gears must be a non-empty dict \{dim: \[sizes\]\}"),
-    (None, {}, TypeError, "dim_gears must be a non-empty dict"),
-    (None, {"0": [2, 4]}, TypeError, "dim must be an int, got '0'"),
-    (None, {2: [2, 4]}, ValueError, r"dim 2 is out of range for a tensor of rank 2 .* "
-                                    r"expected -2 <= dim < 2"),
-    (None, {0: 4}, TypeError, "the gears of dim 0 must be a list or tuple of ints, got 4"),
-    (None, {0: [2, 0]}, ValueError, r"must be positive ints; got 0 in \[2, 0\]"),
-    (None, {0: [2, 2.5]}, ValueError, "must be positive ints; got 2.5"),
-    (None, {0: [2, 4, 2]}, ValueError, r"must be distinct; 2 is repeated in \[2, 4, 2\]"),
-    (None, {0: [2]}, ValueError, r"dim 0 has 1 gears \[2\]; give 2 to 100 sizes"),
-    (None, {0: list(range(1, 102))}, ValueError, "dim 0 has 101 gears"),
-    (None, {0: [2, 4], -2: [2, 8]}, ValueError, "dim -2 names dim 0 again"),
+# TorchAir's texts (inference/_gear_utils.py), checked in TorchAir's order
+@pytest.mark.parametrize("tensor, dim_gears, message", [
+    ([1, 2], {0: [2, 4]}, "t must be a torch.Tensor, but got <class 'list'>"),
+    (None, [2, 4], r"dim_gears must be a non-empty dict \{dim: \[sizes\]\}"),
+    (None, {}, "dim_gears must be a non-empty dict"),
+    (None, {"0": [2, 4]}, "Dim index in dim_gears must be an integer, but got <class 'str'>."),
+    (None, {True: [2, 4]}, "Dim index in dim_gears must be an integer, but got <class 'bool'>."),
+    (None, {2: [2, 4]}, r"Dim index in dim_gears must be in range \[0, 1\], but got 2."),
+    (None, {-1: [2, 4]}, r"Dim index in dim_gears must be in range \[0, 1\], but got -1."),
+    (None, {0: 4}, "Gears for dim index 0 in dim_gears must be a list or tuple, but got "
+                   "<class 'int'>."),
+    (None, {0: [2, 2.5]}, "Element at index 1 of value for dim index 0 in dim_gears must be an "
+                          "integer, but got <class 'float'>."),
+    (None, {0: [2]}, r"Length of gears for dim index 0 in dim_gears must be in range \[2, 100\], "
+                     r"but got 1."),
+    (None, {0: list(range(1, 102))}, "must be in range \\[2, 100\\], but got 101."),
+    (None, {0: [2, 0]}, r"the gears of dim index 0 must be positive; got 0 in \[2, 0\]"),
 ])
-def test_set_dim_gears_rejects(tensor, dim_gears, error, message):
+def test_set_dim_gears_rejects(tensor, dim_gears, message):
     tensor = torch.ones(2, 3) if tensor is None else tensor
-    with pytest.raises(error, match=message):
+    with pytest.raises(AssertionError, match=message):
         set_dim_gears(tensor, dim_gears)
+
+
+def test_set_dim_gears_takes_torchair_parameter_names_and_repeated_sizes():
+    x = torch.ones(2, 3)
+    set_dim_gears(t=x, dim_gears={0: [2, 4, 2]})  # a repeated size is accepted, as in TorchAir
+    assert get_dim_gears(x) == {0: (2, 4, 2)}
 
 
 def test_setting_other_gears_twice_is_an_error_the_same_is_not():
@@ -148,8 +157,15 @@ def test_setting_other_gears_twice_is_an_error_the_same_is_not():
     set_dim_gears(x, {0: [2, 4]})
     set_dim_gears(x, {0: (2, 4)})
     assert get_dim_gears(x) == {0: (2, 4)}
-    with pytest.raises(ValueError, match=r"already has gears \{0: \(2, 4\)\}; setting other gears"):
+    with pytest.raises(AssertionError, match="already has set dim gears, and it is not supported "
+                                             "to set it again."):
         set_dim_gears(x, {0: [2, 8]})
+
+
+def test_repeated_combinations_are_dropped_first_seen_order_kept():
+    assert merge_gears(_dims([2, 4, 2], [8, 16, 8]), "zip").gears == ((2, 8), (4, 16))
+    assert merge_gears(_dims([2, 4, 2], [8, 16, 32]), "zip").gears == ((2, 8), (4, 16), (2, 32))
+    assert merge_gears(_dims([2, 2, 4], [3, 3]), "product").gears == ((2, 3), (4, 3))
 
 
 def _dims(*sizes):

@@ -309,7 +309,12 @@ def test_py_dump_rebuilds_the_graph(static_graph, tmp_path, capsys):
     assert "import torchair.ops" not in text  # no npu op in this graph
     assert "torch.device('cpu')" in text and "torch.contiguous_format" in text
     assert "graph.call_function(torch.ops.aten.addmm.default, (" in text
-    assert "# %addmm : " in text
+    # TorchAir's layout: "## FX Code: name: meta = target(arg: meta, ...)" per node
+    code = [line for line in text.splitlines() if line.startswith("## FX Code: ")]
+    assert len(code) == len(_targets(gm))
+    addmm = next(line for line in code if "torch.ops.aten.addmm.default(" in line)
+    assert re.match(r"## FX Code: addmm\w*: torch\.float32\[\d+, \d+\]cpu = "
+                    r"torch\.ops\.aten\.addmm\.default\(\w+: torch\.float32\[", addmm), addmm
     ns = _run_py(path, capsys)
     rebuilt = ns["gm"]
     assert isinstance(rebuilt, torch.fx.GraphModule)

@@ -3,7 +3,8 @@
     from torchair.compat import emulate_npu
     with emulate_npu():            # or emulate_npu() ... torchair.compat.restore()
         import torch_npu
-        y = torch_npu.npu_rms_norm(torch.randn(2, 8).npu(), torch.ones(8).npu())[0]
+        y = torch_npu.npu_rms_norm(torch.randn(2, 8, device="npu:0"), torch.ones(8).npu())[0]
+        s = torch.npu.Stream()     # streams, events, seeds, memory queries: see _npu_namespace
 
 or from the shell: ``torchair run [--device cpu|cuda] script.py [args...]``.
 

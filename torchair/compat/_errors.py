@@ -16,9 +16,10 @@ def not_emulated(module: str, name: str) -> NotEmulatedError:
     """The error for ``<module>.<name>``: what is missing and what to do instead."""
     return NotEmulatedError(
         f"{module}.{name} is Ascend-only and not emulated by torchair run; the emulation "
-        "provides the torchair op library (torch_npu.npu_*), npu_format_cast, Tensor.npu / "
-        "Module.npu and the basic torch.npu device functions. Remove the call or guard it "
-        "for non-Ascend runs.")
+        "provides the torchair op library (torch_npu.npu_*), npu_format_cast, 'npu' device "
+        "arguments, Tensor.npu / Module.npu, and torch.npu's device, stream, event, seed and "
+        "memory functions and Ascend switches (config, set_option, set_compile_mode). Remove "
+        "the call or guard it for non-Ascend runs.")
 
 
 def module_getattr(module: str):

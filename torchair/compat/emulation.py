@@ -2,9 +2,12 @@
 
 :func:`emulate_npu` patches, and records so that :func:`restore` can undo exactly:
 
-- ``sys.modules["torch_npu"]`` and ``sys.modules["torch_npu.npu"]`` (the emulated modules);
+- ``sys.modules["torch_npu"]``, ``["torch_npu.npu"]`` and ``["torch_npu.npu.utils"]`` (the
+  emulated modules);
 - ``torch.npu`` (the same namespace as ``torch_npu.npu``);
-- ``torch.Tensor.npu``, ``torch.Tensor.is_npu`` and ``torch.nn.Module.npu``.
+- ``torch.Tensor.npu``, ``torch.Tensor.is_npu`` and ``torch.nn.Module.npu``;
+- ``torch.device`` (a stand-in that maps ``"npu"``) and a ``TorchFunctionMode`` on this
+  thread's mode stack that maps ``device="npu[:i]"`` arguments (see :mod:`._mode`).
 
 Nothing is patched until :func:`emulate_npu` is called; importing torchair patches nothing.
 """
@@ -13,11 +16,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from torchair.compat._device import make_npu_namespace, resolve_device, to_emulated
+from torchair.compat._device import emulated_string, resolve_device
+from torchair.compat._mode import NpuDeviceMode, make_device_class, pop_mode
+from torchair.compat._npu_namespace import make_npu_namespace
+from torchair.compat._streams import HostStream
 from torchair.compat._torch_npu import make_torch_npu
 from torchair.core.utils import logger
 
@@ -37,7 +43,7 @@ class Emulation:
     def __init__(self, device: torch.device | None, owner: bool) -> None:
         self.device = device
         self._owner = owner  # only the call that installed the patches undoes them on exit
-        self._undo: list[tuple[Any, str, Any]] = []
+        self._undo: list[Callable[[], None]] = []
 
     @property
     def emulated(self) -> bool:
@@ -55,29 +61,40 @@ class Emulation:
         return f"<torchair.compat.Emulation {state}>"
 
     def _set(self, owner: Any, name: str, value: Any) -> None:
-        old = owner.get(name, _MISSING) if isinstance(owner, dict) else vars(owner).get(
-            name, _MISSING)
-        self._undo.append((owner, name, old))
-        if isinstance(owner, dict):
+        """Set ``owner[name]`` (a dict) or ``owner.name``, recording how to undo it."""
+        is_dict = isinstance(owner, dict)
+        old = (owner if is_dict else vars(owner)).get(name, _MISSING)
+
+        def undo() -> None:
+            if is_dict and old is _MISSING:
+                owner.pop(name, None)
+            elif is_dict:
+                owner[name] = old
+            elif old is not _MISSING:
+                setattr(owner, name, old)
+            elif name in vars(owner):
+                delattr(owner, name)
+
+        if is_dict:
             owner[name] = value
         else:
             setattr(owner, name, value)
+        self._undo.append(undo)
+
+    def _push_mode(self, mode: NpuDeviceMode) -> None:
+        mode.__enter__()
+
+        def pop() -> None:
+            if not pop_mode(mode):
+                logger.warning("torch_npu emulation: its device mode was no longer on the "
+                               "torch-function mode stack (popped by other code?)")
+        self._undo.append(pop)
 
     def restore(self) -> None:
         """Undo every patch of this emulation, newest first; a second call does nothing."""
         global _active
         while self._undo:
-            owner, name, old = self._undo.pop()
-            if isinstance(owner, dict):
-                if old is _MISSING:
-                    owner.pop(name, None)
-                else:
-                    owner[name] = old
-            elif old is _MISSING:
-                if name in vars(owner):
-                    delattr(owner, name)
-            else:
-                setattr(owner, name, old)
+            self._undo.pop()()
         if _active is self:
             _active = None
             logger.info("torch_npu emulation removed")
@@ -104,7 +121,9 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
 
     When the real ``torch_npu`` cannot be imported, install a ``torch_npu`` module whose
     ``npu_*`` ops are torchair's, ``Tensor.npu`` / ``Module.npu`` that move to ``device``
-    ("cpu" or "cuda"; default CUDA when available, else CPU) and a ``torch.npu`` namespace.
+    ("cpu" or "cuda"; default CUDA when available, else CPU), a ``torch.npu`` namespace
+    (devices, streams, events, seeds, memory queries, Ascend switches), and make ``"npu"``,
+    ``"npu:<i>"`` and ``torch.device("npu", i)`` mean ``device`` wherever torch takes a device.
     Returns a handle; use it as a context manager or call :func:`restore` to undo. Calling it
     again while installed returns a handle that does not own the patches (same device only).
     """
@@ -126,20 +145,23 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
 
     def tensor_npu(self: torch.Tensor, device: Any = None, non_blocking: bool = False,
                    memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
-        return self.to(to_emulated(target, device), non_blocking=non_blocking,
+        return self.to(emulated_string(target, device), non_blocking=non_blocking,
                        memory_format=memory_format)
 
     def module_npu(self: torch.nn.Module, device: Any = None) -> torch.nn.Module:
-        return self.to(to_emulated(target, device))
+        return self.to(emulated_string(target, device))
 
     tensor_npu.__name__ = tensor_npu.__qualname__ = "npu"
     module_npu.__name__ = module_npu.__qualname__ = "npu"
     emulation._set(sys.modules, "torch_npu", torch_npu)
     emulation._set(sys.modules, "torch_npu.npu", npu_ns)
+    emulation._set(sys.modules, "torch_npu.npu.utils", npu_ns.utils)
     emulation._set(torch, "npu", npu_ns)
     emulation._set(torch.Tensor, "npu", tensor_npu)
     emulation._set(torch.Tensor, "is_npu", property(lambda self: self.device.type == target.type))
     emulation._set(torch.nn.Module, "npu", module_npu)
+    emulation._set(torch, "device", make_device_class(str(target)))
+    emulation._push_mode(NpuDeviceMode(str(target), HostStream if target.type == "cpu" else None))
     _active = emulation
     logger.info("torch_npu emulated by torchair: the NPU is %s", target)
     return emulation

@@ -17,19 +17,136 @@ import difflib
 import hashlib
 import json
 import os
+import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 
-__all__ = ["Option", "SubConfig", "ConfigNode", "BOOL", "PATH"]
+__all__ = ["ANY", "BOOL", "CALLABLE", "DIR", "FILE", "INT_LIST", "JSON_FILE", "NOT_SUPPORTED",
+           "NO_EFFECT", "PATH", "STR", "WORKS", "ConfigNode", "IntRange", "Option", "OptionValue",
+           "Regex", "SubConfig"]
 
 _MISSING = object()
 
-# Value kinds for options that are not restricted to a fixed set of values.
+# Value kinds for options that are not restricted to a fixed set of values. Error texts start
+# with TorchAir's (configs/_option_base.py) so its tests' ``in str(err)`` checks hold here too,
+# and end by naming the option.
 BOOL = "bool"
 PATH = "path"
+CALLABLE = "callable"
+STR = "str"
+INT_LIST = "int list"
+FILE = "file"
+DIR = "dir"
+JSON_FILE = "json file"
+ANY = "any"
 _KINDS = {
     BOOL: "bool (True or False)",
     PATH: "str or os.PathLike or None",
+    CALLABLE: "a callable or None",
+    STR: "str or None",
+    INT_LIST: "a list of ints or None",
+    FILE: "an existing file or None",
+    DIR: "an existing directory",
+    JSON_FILE: "an existing '.json' file or None",
+    ANY: "any value (not checked)",
 }
+# Read back as the raw value (TorchAir: properties and plain attributes), not as an OptionValue.
+_PLAIN_KINDS = (PATH, ANY)
+_INT64_MAX = 2**63 - 1
+
+WORKS, NO_EFFECT, NOT_SUPPORTED = "works", "no effect here", "not supported"
+_EFFECTS = (WORKS, NO_EFFECT, NOT_SUPPORTED)
+_logged: set = set()
+
+
+class IntRange:
+    """Kind of an int option in ``[low, high]`` (``None`` allowed when ``none_ok``)."""
+
+    def __init__(self, low: int, high: int = _INT64_MAX, *, none_ok: bool = False) -> None:
+        self.low, self.high, self.none_ok = low, high, none_ok
+
+    def text(self) -> str:
+        high = "2**63-1" if self.high == _INT64_MAX else str(self.high)
+        return f"int in [{self.low}, {high}]" + (" or None" if self.none_ok else "")
+
+    def check(self, value: Any) -> Any:
+        if value is None and self.none_ok:
+            return value
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"Please set integer type, but got {type(value)}")
+        if not self.low <= value <= self.high:
+            raise ValueError(f"Please set value in [{self.low}, {self.high}], {value} is out of "
+                             "range.")
+        return value
+
+
+class Regex:
+    """Kind of a str option that must match ``pattern`` (``example`` shows a valid one)."""
+
+    def __init__(self, pattern: str, example: str) -> None:
+        self.pattern, self.example = pattern, example
+
+    def text(self) -> str:
+        return f"str matching {self.pattern} (e.g. {self.example!r})"
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, str) or re.match(self.pattern, value) is None:
+            raise ValueError(f"Please set legal regex value format match {self.pattern}, {value} "
+                             f"is Illegal format, correct example:{self.example}.")
+        return value
+
+
+def _check_kind(kind: str, value: Any) -> Any:
+    """The normalized ``value`` for ``kind``, or raise with TorchAir's text for that kind."""
+    if kind == BOOL:
+        if isinstance(value, bool):
+            return value
+        raise ValueError(f"Value {value!r} (type: {type(value)}) not in optional list "
+                         f"[True, False] (type: {bool}).")
+    if kind == PATH:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, os.PathLike) and isinstance(os.fspath(value), str):
+            return os.fspath(value)
+        raise ValueError(f"invalid value {value!r} (type {type(value).__name__}); expected "
+                         f"{_KINDS[PATH]}")
+    if kind == CALLABLE:
+        if value is None or callable(value):
+            return value
+        raise TypeError(f"value must be Callable or None, got {type(value)}")
+    if kind == STR:
+        if value is None or isinstance(value, str):
+            return value
+        raise TypeError(f"value must be str or None, got {type(value)}")
+    if kind == INT_LIST:
+        if value is None:
+            return []
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"the set value must be None or list, got {type(value)}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise TypeError(f"the set value must be int list, got list type: "
+                            f"{[type(v) for v in value]}")
+        return list(value)
+    if kind == FILE:
+        if value is None or (isinstance(value, (str, os.PathLike)) and os.path.isfile(value)):
+            return value if value is None else os.fspath(value)
+        raise FileNotFoundError(f"Please set legal file path, {value} is not found or is not a "
+                                "file!")
+    if kind == DIR:
+        if isinstance(value, (str, os.PathLike)) and os.path.isdir(value):
+            return os.fspath(value)
+        raise FileNotFoundError(f"Please set legal dir path, {value} is not found or is not a "
+                                "file directory!")
+    if kind == JSON_FILE:
+        if value is None:
+            return value
+        if value == "":
+            raise ValueError("File path cannot be empty!")
+        if (isinstance(value, (str, os.PathLike)) and os.path.isfile(value)
+                and os.fspath(value).endswith(".json")):
+            return os.fspath(value)
+        raise FileNotFoundError(f"Please set legal file path, {value} is not found or is not "
+                                "'.json' file!")
+    return value  # ANY
 
 
 def _join(prefix: str, name: str) -> str:
@@ -45,14 +162,17 @@ def _same_value(a: Any, b: Any) -> bool:
 class Option:
     """One validated configuration option.
 
-    Exactly one of ``allowed`` (a tuple of permitted values) or ``kind``
-    (:data:`BOOL` or :data:`PATH`) must be given.
+    Exactly one of ``allowed`` (a tuple of permitted values) or ``kind`` (one of the kind names
+    above, or an :class:`IntRange` / :class:`Regex`) must be given.
 
-    * ``BOOL`` accepts only real ``bool`` values (not ``0``/``1``, not
-      ``"yes"``).
-    * ``PATH`` accepts ``None``, ``str`` or an ``os.PathLike`` whose
-      ``os.fspath`` is a ``str``; path-likes are stored as ``str`` so that
-      equal configurations hash equally.
+    * ``BOOL`` accepts only real ``bool`` values (not ``0``/``1``, not ``"yes"``).
+    * ``PATH`` accepts ``None``, ``str`` or an ``os.PathLike`` whose ``os.fspath`` is a ``str``;
+      path-likes are stored as ``str`` so that equal configurations hash equally.
+
+    ``effect`` says what the option does here: ``"works"``, ``"no effect here"`` (an Ascend-only
+    option, accepted and validated for TorchAir compatibility) or ``"not supported"`` (it means
+    something off Ascend too, but torchair does not implement it); ``why`` says why. Setting a
+    non-works option to a non-default value is logged once per process (INFO / WARNING).
     """
 
     def __init__(
@@ -60,73 +180,157 @@ class Option:
         default: Any,
         *,
         allowed: Optional[Tuple[Any, ...]] = None,
-        kind: Optional[str] = None,
+        kind: Any = None,
         doc: str,
+        effect: str = WORKS,
+        why: str = "",
     ) -> None:
         if (allowed is None) == (kind is None):
             raise TypeError("Option needs exactly one of 'allowed' or 'kind'")
-        if kind is not None and kind not in _KINDS:
+        if kind is not None and not isinstance(kind, (IntRange, Regex)) and kind not in _KINDS:
             raise TypeError(f"unknown option kind {kind!r}; expected one of {sorted(_KINDS)}")
         if allowed is not None:
             allowed = tuple(allowed)
             if not allowed:
                 raise TypeError("Option 'allowed' must not be empty")
-        if "\n" in doc:
-            raise TypeError("Option doc must be a single line")
+        if "\n" in doc or "\n" in why:
+            raise TypeError("Option doc and why must be single lines")
+        if effect not in _EFFECTS:
+            raise TypeError(f"Option effect must be one of {_EFFECTS}, got {effect!r}")
+        if effect != WORKS and not why:
+            raise TypeError("an Option whose effect is not 'works' needs a 'why'")
         self.default = default
         self.allowed = allowed
         self.kind = kind
         self.doc = doc
+        self.effect = effect
+        self.why = why
         self.name: str = "<unbound>"
+
+    @property
+    def plain(self) -> bool:
+        """Read back as the raw value (TorchAir: a property or plain attribute)."""
+        return self.kind in _PLAIN_KINDS
 
     # -- descriptor protocol -------------------------------------------------
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
         # The default must pass the option's own validation.
-        self.default = self.validate(self.default, name)
+        if not (isinstance(self.kind, IntRange) or self.kind == DIR):
+            self.default = self.validate(self.default, name)
 
     def __get__(self, instance: Optional["ConfigNode"], owner: type = None) -> Any:
         if instance is None:
             return self
-        return instance.__dict__["_values"][self.name]
+        if self.plain:
+            return instance.__dict__["_values"][self.name]
+        return OptionValue(instance, self)
 
     def __set__(self, instance: "ConfigNode", value: Any) -> None:
         full = _join(instance._prefix, self.name)
-        instance.__dict__["_values"][self.name] = self.validate(value, full)
+        value = self.validate(value, full)
+        instance.__dict__["_values"][self.name] = value
+        if self.effect != WORKS and not _same_value(value, self.default) and full not in _logged:
+            _logged.add(full)
+            from torchair.core.utils import logger
+
+            log = logger.info if self.effect == NO_EFFECT else logger.warning
+            log("config option '%s' = %r is accepted for TorchAir compatibility but has %s: %s",
+                full, value, "no effect here" if self.effect == NO_EFFECT else
+                "no effect (not supported by torchair)", self.why)
 
     # -- validation ----------------------------------------------------------
     def allowed_text(self) -> str:
         """Human-readable description of the accepted values."""
         if self.allowed is not None:
             return " | ".join(repr(v) for v in self.allowed)
+        if isinstance(self.kind, (IntRange, Regex)):
+            return self.kind.text()
         return _KINDS[self.kind]
 
     def validate(self, value: Any, full_name: str) -> Any:
-        """Return the (normalized) value, or raise ``ValueError``."""
+        """Return the (normalized) value, or raise (TorchAir's error type and text, then the
+        option's name)."""
+        if isinstance(value, OptionValue):
+            value = value.raw
         if self.allowed is not None:
             if any(_same_value(value, a) for a in self.allowed):
                 return value
+            listed = [a for a in self.allowed if a is not None]
             raise ValueError(
-                f"invalid value {value!r} for option '{full_name}'; "
-                f"allowed values: {', '.join(repr(v) for v in self.allowed)}"
+                f"Value {value!r} (type: {type(value)}) not in optional list {listed!r} "
+                f"(type: {type(listed[0]) if listed else None}). Option '{full_name}' allows: "
+                f"{', '.join(repr(v) for v in self.allowed)}"
             )
-        if self.kind == BOOL:
-            if isinstance(value, bool):
-                return value
-        elif self.kind == PATH:
-            if value is None or isinstance(value, str):
-                return value
-            if isinstance(value, os.PathLike):
-                path = os.fspath(value)
-                if isinstance(path, str):
-                    return path
-        raise ValueError(
-            f"invalid value {value!r} (type {type(value).__name__}) for option "
-            f"'{full_name}'; expected {_KINDS[self.kind]}"
-        )
+        try:
+            if isinstance(self.kind, (IntRange, Regex)):
+                return self.kind.check(value)
+            return _check_kind(self.kind, value)
+        except (ValueError, TypeError, FileNotFoundError) as err:
+            raise type(err)(f"{err} Option '{full_name}' expects {self.allowed_text()}.") from None
 
     def __repr__(self) -> str:
         return f"Option({self.name}, default={self.default!r}, allowed={self.allowed_text()})"
+
+
+class OptionValue:
+    """How an option reads back (TorchAir's ``OptionValue``): ``.value`` is TorchAir's text
+    form (``True`` -> ``"1"``, ``False`` -> ``"0"``, ints as ``str``, None stays None; callables
+    and int lists as they are), ``.value = v`` sets the option (validated), ``bool(opt)`` and
+    ``opt == v`` use the raw value, ``.default`` / ``.optional`` describe the option."""
+
+    __slots__ = ("_node", "_option")
+
+    def __init__(self, node: "ConfigNode", option: Option) -> None:
+        self._node = node
+        self._option = option
+
+    @property
+    def raw(self) -> Any:
+        """The value as set (``True``, ``64``, a callable, ...)."""
+        return self._node.__dict__["_values"][self._option.name]
+
+    @property
+    def value(self) -> Any:
+        raw = self.raw
+        if raw is None or self._option.kind in (CALLABLE, INT_LIST):
+            return raw
+        if isinstance(raw, bool):
+            return "1" if raw else "0"
+        return str(raw)
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        setattr(self._node, self._option.name, value)
+
+    @property
+    def default(self) -> Any:
+        return self._option.default
+
+    @property
+    def optional(self) -> Optional[List[Any]]:
+        allowed = self._option.allowed
+        if allowed is None:
+            return [True, False] if self._option.kind == BOOL else None
+        return [a for a in allowed if a is not None]
+
+    def __bool__(self) -> bool:
+        return bool(self.raw)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, OptionValue):
+            other = other.raw
+        return _same_value(self.raw, other) if isinstance(other, bool) or isinstance(
+            self.raw, bool) else self.raw == other
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __repr__(self) -> str:
+        return f"OptionValue({_join(self._node._prefix, self._option.name)}={self.raw!r})"
+
+    def __str__(self) -> str:
+        return str(self.raw)
 
 
 class SubConfig:
@@ -211,13 +415,30 @@ class ConfigNode:
 
     def _unknown_message(self, name: str) -> str:
         full = _join(self._prefix, name)
-        level = f"of '{self._prefix}'" if self._prefix else "at top level"
         names = self._names()
-        msg = f"unknown option '{full}'; valid options {level}: {', '.join(names)}"
+        msg = (f"{self._peer_name()} has no option {name}, all options {names}: unknown option "
+               f"'{full}'")
         close = difflib.get_close_matches(name, names, n=1)
         if close:
             msg += f"; did you mean '{_join(self._prefix, close[0])}'?"
         return msg
+
+    @classmethod
+    def _peer_name(cls) -> str:
+        """The class name TorchAir's messages use for this level."""
+        return getattr(cls, "peer_name", cls.__name__)
+
+    def get(self, dotted: str) -> Any:
+        """The raw value of the option ``dotted`` below this node (``"debug.run_eagerly"``)."""
+        node: ConfigNode = self
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            if part not in node._child_decls:
+                raise AttributeError(node._unknown_message(part))
+            node = node._children[part]
+        if leaf not in node._option_decls:
+            raise AttributeError(node._unknown_message(leaf))
+        return node._values[leaf]
 
     def __setattr__(self, name: str, value: Any) -> None:
         cls = type(self)
@@ -263,9 +484,11 @@ class ConfigNode:
         }
 
     def compute_hash(self) -> str:
-        """Stable sha256 hex digest of the sorted flat options (a cache key)."""
+        """Stable sha256 hex digest of the sorted flat options (a cache key). A callable counts
+        by its qualified name and source text."""
         payload = json.dumps(
-            sorted(self.options().items()), separators=(",", ":"), ensure_ascii=True
+            sorted((k, portable(v)) for k, v in self.options().items()),
+            separators=(",", ":"), ensure_ascii=True,
         )
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
@@ -303,18 +526,41 @@ class ConfigNode:
             yield from sub.node_cls._iter_decls(_join(prefix, name))
 
     @classmethod
+    def registry(cls) -> Dict[str, Option]:
+        """``{dotted name: Option}`` of every option (the README's option table is checked
+        against this)."""
+        return dict(cls._iter_decls())
+
+    @classmethod
     def describe(cls) -> str:
-        """Text table of every option: name, default, allowed values, doc."""
-        header = ("option", "default", "allowed", "doc")
+        """Text table of every option: name, default, allowed values, effect here, doc."""
+        header = ("option", "default", "allowed", "effect", "doc")
         rows = [
-            (name, repr(opt.default), opt.allowed_text(), opt.doc)
+            (name, repr(opt.default), opt.allowed_text(), opt.effect,
+             opt.doc if opt.effect == WORKS else f"{opt.doc} [{opt.why}]")
             for name, opt in cls._iter_decls()
         ]
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
 
         def fmt(row: Tuple[str, ...]) -> str:
-            cells = [row[i].ljust(widths[i]) for i in range(3)]
-            return "  ".join([*cells, row[3]]).rstrip()
+            cells = [row[i].ljust(widths[i]) for i in range(4)]
+            return "  ".join([*cells, row[4]]).rstrip()
 
-        sep = "  ".join(["-" * w for w in widths] + ["-" * len(header[3])])
+        sep = "  ".join(["-" * w for w in widths] + ["-" * len(header[4])])
         return "\n".join([fmt(header), sep, *(fmt(r) for r in rows)])
+
+
+def portable(value: Any) -> Any:
+    """``value`` as JSON-able data: a callable becomes ``module.qualname#sha256(source)[:16]``."""
+    if callable(value):
+        import inspect
+
+        try:
+            source = inspect.getsource(value)
+        except (OSError, TypeError):
+            source = repr(value)
+        name = f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
+        return f"{name}#{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    return value

@@ -97,7 +97,8 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None,
                                      bw_compiler=_eager_compiler,
                                      inference_compiler=compiler,
                                      decompositions=decompositions,
-                                     keep_inference_input_mutations=True)
+                                     keep_inference_input_mutations=config.get(
+                                         "experimental_config.keep_inference_input_mutations"))
 
     backend.compiler_config = config  # type: ignore[attr-defined]
     return backend
@@ -107,3 +108,21 @@ def _eager_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callab
     from torch._functorch.aot_autograd import make_boxed_func
 
     return make_boxed_func(gm.forward)
+
+
+def torchair_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                     mode: str | None = None, options: dict | None = None) -> Callable:
+    """``torch.compile(model, backend="torchair")`` (registered by the ``torch_dynamo_backends``
+    entry point of torchair's package metadata): :func:`get_npu_backend` with a default
+    ``CompilerConfig``. ``torch.compile``'s ``mode=`` sets ``config.mode`` ("default" keeps it)
+    and ``options={"debug.run_eagerly": True, ...}`` sets options by dotted name."""
+    config = CompilerConfig()
+    if mode not in (None, "default"):
+        config.mode = mode
+    for dotted, value in (options or {}).items():
+        node: Any = config
+        *parents, leaf = str(dotted).split(".")
+        for part in parents:
+            node = getattr(node, part)
+        setattr(node, leaf, value)
+    return get_npu_backend(compiler_config=config)(gm, example_inputs)

@@ -63,13 +63,20 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     notes = [f"gears ({table.policy}): " + "; ".join(
         f"({table.describe(g)})" for g in table.gears)] if table else []
     dumps = _dump(gm, inputs, "original", config, graph_id, notes)
+    debug_unit = _debug_unit(gm, example_inputs, inputs, config, graph_id, dumps)
+    if debug_unit is not None:
+        return debug_unit
+    _user_pass(config, "post_grad_custom_pre_pass", gm, example_inputs)
+    if config.get("experimental_config.npu_fx_pass"):
+        _inductor_joint_graph_passes(gm)
     passes = default_passes(config)
     fired = run_passes(gm, passes)
+    _user_pass(config, "post_grad_custom_post_pass", gm, example_inputs)
     if table is not None:
         return _boxed(_compile_gears(gm, example_inputs, inputs, table, config, graph_id,
                                      dumps, fired, passes))
     analysis = analyze(gm, inputs,
-                       tiling_sink=config.experimental_config.tiling_schedule_optimize)
+                       tiling_sink=config.get("experimental_config.tiling_schedule_optimize"))
     report = GraphReport(
         graph_id=graph_id, fx_static=analysis.fx_static, ir_static=analysis.ir_static,
         build_static=analysis.build_static, inputs=inputs,
@@ -111,7 +118,7 @@ def _boxed(unit: Callable) -> Callable:
 
 def _gear_table(signature: GraphSignature, config: CompilerConfig) -> GearTable:
     dims = [GearDim(i, signature.names[i], d, sizes) for i, d, sizes in signature.gear_dims]
-    return merge_gears(dims, config.inference_config.dynamic_gears_merge_policy)
+    return merge_gears(dims, config.get("inference_config.dynamic_gears_merge_policy"))
 
 
 def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: list[InputInfo],
@@ -137,8 +144,8 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
                                  f"dims equal gears with the 'zip' policy")
         sgm = specialize(gm, values)
         ginputs = gear_inputs(inputs, dims, gear)
-        return sgm, ginputs, analyze(sgm, ginputs, tiling_sink=config.experimental_config
-                                     .tiling_schedule_optimize)
+        return sgm, ginputs, analyze(sgm, ginputs, tiling_sink=config.get(
+            "experimental_config.tiling_schedule_optimize"))
 
     _, _, first = plan(0)
     report = GraphReport(
@@ -251,7 +258,8 @@ def _static_input_indices() -> set[int]:
 
 
 def _engine(config: CompilerConfig) -> str:
-    if config.debug.run_eagerly or config.mode == "reduce-overhead":
+    if config.get("debug.run_eagerly") or config.get("mode") in ("reduce-overhead",
+                                                                 "npugraph_ex"):
         return "fx"
     return "inductor"
 
@@ -274,7 +282,7 @@ def _patterns_fired(passes: list) -> dict[str, int]:
 
 
 def _segments(gm: fx.GraphModule, inputs: list[InputInfo], config: CompilerConfig) -> dict:
-    plans = plan_segments(gm, tiling_sink=config.experimental_config.tiling_schedule_optimize,
+    plans = plan_segments(gm, tiling_sink=config.get("experimental_config.tiling_schedule_optimize"),
                           cuda=_device(inputs).type == "cuda")
     return {scope: {"segments": plan.segments, "skipped": [list(s) for s in plan.skipped]}
             for scope, plan in plans.items()}
@@ -291,10 +299,63 @@ def _consts(analysis: Analysis) -> dict[str, Any]:
 
 def _dump(gm: fx.GraphModule, inputs: list[InputInfo], stage: str, config: CompilerConfig,
           graph_id: int, notes: Sequence[str] = ()) -> list[str]:
-    fmt = config.debug.graph_dump.type
+    fmt = config.get("debug.graph_dump.type")
     if fmt is None:
         return []
     from torchair.plan.dump import write_dump
 
-    return [write_dump(gm, inputs, stage=stage, fmt=fmt, directory=config.debug.graph_dump.path,
+    return [write_dump(gm, inputs, stage=stage, fmt=fmt, directory=config.get("debug.graph_dump.path"),
                        graph_id=graph_id, notes=notes)]
+
+
+def _user_pass(config: CompilerConfig, name: str, gm: fx.GraphModule,
+               example_inputs: Sequence[Any]) -> None:
+    """Run the user's ``post_grad_custom_pre_pass`` / ``..._post_pass`` as TorchAir calls it:
+    ``fn(gm, example_inputs, config)``, in place (its return value is ignored)."""
+    fn = config.get(name)
+    if fn is None:
+        return
+    logger.debug("running %s %s on:\n%s", name, getattr(fn, "__qualname__", fn), gm.code)
+    fn(gm, example_inputs, config)
+    gm.graph.lint()
+    gm.recompile()
+    logger.debug("after %s:\n%s", name, gm.code)
+
+
+def _inductor_joint_graph_passes(gm: fx.GraphModule) -> None:
+    """``experimental_config.npu_fx_pass``: Inductor's joint-graph passes (pattern rewrites,
+    constant folding of the graph's own constants), as TorchAir runs them."""
+    from torch._inductor.fx_passes.joint_graph import joint_graph_passes
+
+    joint_graph_passes(gm)
+    gm.recompile()
+
+
+def _debug_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: list[InputInfo],
+                config: CompilerConfig, graph_id: int, dumps: list[str]) -> Callable | None:
+    """``debug.data_dump`` / ``debug.fx_summary`` (with ``skip_compile``): the graph runs op by
+    op, unoptimized, as in TorchAir (None: compile as usual)."""
+    from torchair.plan import debug_dumps
+
+    summary = config.get("debug.fx_summary.type")
+    if summary is not None:
+        dumps.append(debug_dumps.write_fx_summary(gm, graph_id, config.get("debug.fx_summary.path")))
+    data = config.get("debug.data_dump.type") is not None
+    if not data and not (summary is not None and config.get("debug.fx_summary.skip_compile")):
+        return None
+    report = GraphReport(graph_id=graph_id, fx_static=False, ir_static=False, build_static=False,
+                         inputs=inputs, value_dependent_ops=[], reasons=[
+                             "debug.data_dump is set: the graph runs op by op, not compiled" if data
+                             else "debug.fx_summary.skip_compile: the graph runs op by op"],
+                         consts={}, passes={}, dumps=dumps)
+    report.engine = "fx"
+    if data:
+        logger.warning("debug.data_dump.type='npy': graph %d runs op by op (no compilation) and "
+                       "saves every op's inputs and outputs each step", graph_id)
+        unit = debug_dumps.DataDumpRunner(gm, graph_id, config.get("debug.data_dump.path"),
+                                          config.get("debug.data_dump.filter"))
+        report.launch = "op by op (debug.data_dump)"
+    else:
+        unit = units.HostUnit(fx_engine(gm))
+        report.launch = "op by op (debug.fx_summary.skip_compile)"
+    return _boxed(_publish(report, unit))

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import torch
 
 import torchair
+from torchair.configs._option import portable
 
 
 def _sha(text: str | bytes) -> str:
@@ -93,7 +94,7 @@ def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict |
         "module_structure": _sha(json.dumps(module_structure(module))),
         "func": func.__func__.__qualname__,
         "func_source": _sha(_source(func.__func__)),
-        "config": config.as_dict(),
+        "config": {k: portable(v) for k, v in sorted(config.options().items())},
         "dynamic": bool(dynamic),
         "custom_decompositions": sorted([str(k), _sha(_source(v))]
                                         for k, v in (decompositions or {}).items()),

@@ -24,80 +24,67 @@ POLICIES = ("zip", "product")
 _ATTR = "_torchair_dim_gears"
 
 
-def set_dim_gears(tensor: torch.Tensor, dim_gears: Mapping[int, Sequence[int]]) -> None:
-    """Allow ``tensor``'s dims the listed sizes only; one compile serves all of them.
+def set_dim_gears(t: torch.Tensor, dim_gears: Mapping[int, Sequence[int]]) -> None:
+    """Allow ``t``'s dims the listed sizes only; one compile serves all of them.
 
     The tensor's other dims are marked static (a gear is one fixed shape), also under
     ``dynamic=True``.
 
-    Parameters
-    ----------
-    tensor
+    Parameters (TorchAir's names)
+    -----------------------------
+    t
         A graph input (call before the first call of the compiled function).
     dim_gears
-        ``{dim: [size, ...]}``: ``dim`` an int within the rank (negative counts from the end),
-        2 to 100 distinct positive int sizes per dim.
+        ``{dim: [size, ...]}``: ``dim`` an int in ``[0, t.dim() - 1]``, 2 to 100 positive int
+        sizes per dim. A size may repeat (the combinations are deduplicated, see
+        :func:`merge_gears`).
 
-    Setting other gears on a tensor that has gears is an error; setting the same again is not.
+    Argument errors are ``AssertionError`` with TorchAir's texts (checked in TorchAir's order);
+    sizes must also be positive here (TorchAir does not check). Setting other gears on a tensor
+    that has gears is an error; setting the same again is not.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"set_dim_gears: tensor must be a torch.Tensor, got "
-                        f"{type(tensor).__name__}")
-    if not isinstance(dim_gears, Mapping) or not dim_gears:
-        raise TypeError(f"set_dim_gears: dim_gears must be a non-empty dict {{dim: [sizes]}}, "
-                        f"e.g. {{0: [2, 4]}}; got {dim_gears!r}")
-    gears = {}
-    for dim, sizes in dim_gears.items():
-        d = _check_dim(tensor, dim)
-        if d in gears:
-            raise ValueError(f"set_dim_gears: dim {dim} names dim {d} again; give each dim once")
-        gears[d] = _check_sizes(dim, sizes)
-    old = getattr(tensor, _ATTR, None)
-    if old is not None and old != gears:
-        raise ValueError(f"set_dim_gears: this tensor already has gears {old}; setting other "
-                         f"gears {gears} on it is not allowed (use a new tensor, or set the same "
-                         f"gears)")
+    assert isinstance(t, torch.Tensor), (
+        f"set_dim_gears: t must be a torch.Tensor, but got {type(t)}.")
+    assert isinstance(dim_gears, Mapping) and dim_gears, (
+        f"set_dim_gears: dim_gears must be a non-empty dict {{dim: [sizes]}}, e.g. "
+        f"{{0: [2, 4]}}, but got {dim_gears!r}.")
+    old = getattr(t, _ATTR, None)
+    gears = {dim: _check_sizes(t, dim, sizes) for dim, sizes in dim_gears.items()}
+    assert old is None or old == gears, (
+        f"Tensor {t} already has set dim gears, and it is not supported to set it again.")
     from torch._dynamo.decorators import mark_unbacked
 
-    for d in range(tensor.dim()):  # the other dims are fixed: each gear is one static shape
+    for d in range(t.dim()):  # the other dims are fixed: each gear is one static shape
         if d in gears:
-            mark_unbacked(tensor, d)
+            mark_unbacked(t, d)
         else:
-            torch._dynamo.mark_static(tensor, d)
-    setattr(tensor, _ATTR, gears)
+            torch._dynamo.mark_static(t, d)
+    setattr(t, _ATTR, gears)
 
 
-def get_dim_gears(tensor: Any) -> dict[int, tuple[int, ...]] | None:
-    """The gears recorded on ``tensor`` by :func:`set_dim_gears` (None when it has none)."""
-    return getattr(tensor, _ATTR, None)
+def get_dim_gears(t: Any) -> dict[int, tuple[int, ...]] | None:
+    """The gears recorded on ``t`` by :func:`set_dim_gears` (None when it has none)."""
+    return getattr(t, _ATTR, None)
 
 
-def _check_dim(tensor: torch.Tensor, dim: Any) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"set_dim_gears: dim must be an int, got {dim!r} "
-                        f"({type(dim).__name__})")
-    rank = tensor.dim()
-    if not -rank <= dim < rank:
-        raise ValueError(f"set_dim_gears: dim {dim} is out of range for a tensor of rank {rank} "
-                         f"(shape {list(tensor.shape)}); expected {-rank} <= dim < {rank}")
-    return dim % rank
-
-
-def _check_sizes(dim: int, sizes: Any) -> tuple[int, ...]:
-    if not isinstance(sizes, (list, tuple)):
-        raise TypeError(f"set_dim_gears: the gears of dim {dim} must be a list or tuple of ints, "
-                        f"got {sizes!r}")
-    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s <= 0]
-    if bad:
-        raise ValueError(f"set_dim_gears: the gears of dim {dim} must be positive ints; "
-                         f"got {bad[0]!r} in {list(sizes)}")
-    if len(set(sizes)) != len(sizes):
-        dup = next(s for s in sizes if list(sizes).count(s) > 1)
-        raise ValueError(f"set_dim_gears: the gears of dim {dim} must be distinct; {dup} is "
-                         f"repeated in {list(sizes)}")
-    if not MIN_GEARS <= len(sizes) <= MAX_GEARS:
-        raise ValueError(f"set_dim_gears: dim {dim} has {len(sizes)} gears {list(sizes)}; give "
-                         f"{MIN_GEARS} to {MAX_GEARS} sizes (one size: use mark_static instead)")
+def _check_sizes(t: torch.Tensor, dim: Any, sizes: Any) -> tuple[int, ...]:
+    """One ``dim: sizes`` entry, checked in TorchAir's order with TorchAir's texts."""
+    assert isinstance(dim, int) and not isinstance(dim, bool), (
+        f"Dim index in dim_gears must be an integer, but got {type(dim)}.")
+    assert 0 <= dim < t.dim(), (
+        f"Dim index in dim_gears must be in range [0, {t.dim() - 1}], but got {dim}.")
+    assert isinstance(sizes, (list, tuple)), (
+        f"Gears for dim index {dim} in dim_gears must be a list or tuple, but got {type(sizes)}.")
+    for index, size in enumerate(sizes):
+        assert isinstance(size, int) and not isinstance(size, bool), (
+            f"Element at index {index} of value for dim index {dim} in dim_gears must be an "
+            f"integer, but got {type(size)}.")
+    assert MIN_GEARS <= len(sizes) <= MAX_GEARS, (
+        f"Length of gears for dim index {dim} in dim_gears must be in range [{MIN_GEARS}, "
+        f"{MAX_GEARS}], but got {len(sizes)}.")
+    bad = [s for s in sizes if s <= 0]
+    assert not bad, (f"set_dim_gears: the gears of dim index {dim} must be positive; got "
+                     f"{bad[0]} in {list(sizes)}")
     return tuple(sizes)
 
 
@@ -147,6 +134,8 @@ def merge_gears(dims: Sequence[GearDim], policy: str) -> GearTable:
     if not dims:
         raise ValueError("gears were expected but no graph input has a gear dim: call "
                          "torchair.inference.set_dim_gears on an input before the first call")
+    dims = [dataclasses.replace(d, sizes=tuple(dict.fromkeys(d.sizes))) if policy == "product"
+            else d for d in dims]
     if policy == "zip":
         lengths = {str(d): len(d.sizes) for d in dims}
         if len(set(lengths.values())) > 1:
@@ -164,7 +153,7 @@ def merge_gears(dims: Sequence[GearDim], policy: str) -> GearTable:
                              f"combinations ({' x '.join(str(len(d.sizes)) for d in dims)}), more "
                              f"than {MAX_COMBINATIONS}; use fewer gears or the 'zip' policy")
         gears = tuple(itertools.product(*(d.sizes for d in dims)))
-    if len(set(gears)) != len(gears):
-        raise ValueError(f"the gears of {', '.join(map(str, dims))} repeat a combination "
-                         f"under the '{policy}' policy: {list(gears)}")
+    # repeated sizes give repeated combinations: keep the first of each (TorchAir drops them too,
+    # in set order; first-seen order keeps the gear numbering stable across runs)
+    gears = tuple(dict.fromkeys(gears))
     return GearTable(tuple(dims), gears, policy)

@@ -1,6 +1,15 @@
 """The ``npu`` op library: importing this package registers every op under ``torch.ops.npu``.
 
-``torchair.ops.npu_incre_flash_attention`` is ``torch.ops.npu.npu_incre_flash_attention``.
+``torchair.ops.npu_incre_flash_attention`` is ``torch.ops.npu.npu_incre_flash_attention`` (the
+compute ops, :data:`TORCH_NPU_OPS`, are the ops themselves). TorchAir's graph utilities are Python
+functions over side-effecting ops of the same namespace (TorchAir puts them in ``torch.ops.air``):
+``npu_print`` (``torch.ops.npu.npu_print``), the tagged events ``npu_create_tagged_event``,
+``npu_tagged_event_record``, ``npu_tagged_event_wait``, ``npu_record_tagged_stream`` (ops of the
+same names, taking the event's tag) and ``record`` / ``wait`` (``torch.ops.npu.record`` /
+``torch.ops.npu.wait``). Every ``npu_*`` name of ``__all__`` is also a ``torch.ops.npu`` op.
+
+Older TorchAir names kept for its scripts (not in ``__all__``): ``npu_wait_tensor``,
+``NpuStreamSwitch`` and ``SuperKernelScope`` (now in :mod:`torchair.scope`).
 """
 from __future__ import annotations
 
@@ -14,14 +23,24 @@ from torchair.ops import rms_norm as _rms_norm  # noqa: F401 (registers)
 from torchair.ops import dynamic_quant as _dynamic_quant  # noqa: F401 (registers)
 from torchair.ops import quant_matmul as _quant_matmul  # noqa: F401 (registers)
 from torchair.ops import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
+from torchair.ops import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
+from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
+                                  npu_tagged_event_record, npu_tagged_event_wait, record, wait)
+from torchair.ops._print import npu_print
 from torchair.ops._registry import get_value_dependent, value_dependent_ops
 
-_PUBLIC = ("npu_incre_flash_attention", "npu_fused_infer_attention_score", "npu_rms_norm",
-           "npu_add_rms_norm", "npu_add_rms_norm_cast", "npu_dynamic_quant",
-           "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul", "npu_dequant_swiglu_quant")
+# the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend
+TORCH_NPU_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score",
+                 "npu_fused_infer_attention_score_v2", "npu_rms_norm", "npu_add_rms_norm",
+                 "npu_add_rms_norm_cast", "npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant",
+                 "npu_quant_matmul", "npu_dequant_swiglu_quant")
+# TorchAir's graph utilities (Python functions; see the module docstring)
+GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
+                   "npu_tagged_event_wait", "npu_record_tagged_stream", "record", "wait")
 
 npu_incre_flash_attention = torch.ops.npu.npu_incre_flash_attention
 npu_fused_infer_attention_score = torch.ops.npu.npu_fused_infer_attention_score
+npu_fused_infer_attention_score_v2 = torch.ops.npu.npu_fused_infer_attention_score_v2
 npu_rms_norm = torch.ops.npu.npu_rms_norm
 npu_add_rms_norm = torch.ops.npu.npu_add_rms_norm
 npu_add_rms_norm_cast = torch.ops.npu.npu_add_rms_norm_cast
@@ -30,4 +49,22 @@ npu_add_rms_norm_dynamic_quant = torch.ops.npu.npu_add_rms_norm_dynamic_quant
 npu_quant_matmul = torch.ops.npu.npu_quant_matmul
 npu_dequant_swiglu_quant = torch.ops.npu.npu_dequant_swiglu_quant
 
-__all__ = [*_PUBLIC, "get_value_dependent", "value_dependent_ops"]
+
+def __getattr__(name: str):
+    # TorchAir's older names; scope imports the op library, so they are looked up on first use
+    legacy = {"npu_wait_tensor": "npu_wait_tensor", "NpuStreamSwitch": "npu_stream_switch",
+              "SuperKernelScope": "super_kernel"}
+    if name in legacy:
+        from torchair import scope
+
+        return getattr(scope, legacy[name])
+    from torchair._parity import unsupported_reason
+
+    reason = unsupported_reason(f"torchair.ops.{name}")
+    if reason is not None:
+        raise AttributeError(f"torchair.ops.{name} is not supported by this torchair: {reason}")
+    raise AttributeError(f"module 'torchair.ops' has no attribute {name!r}")
+
+
+__all__ = [*TORCH_NPU_OPS, *GRAPH_UTILITIES, "GRAPH_UTILITIES", "TORCH_NPU_OPS", "TaggedEvent",
+           "get_value_dependent", "value_dependent_ops"]

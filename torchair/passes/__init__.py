@@ -27,8 +27,10 @@ from torchair.passes.super_kernel_scope import SuperKernelScopePass
 
 def default_passes(config) -> list[GraphPass]:
     """The ordered pass list for ``config``."""
-    passes: list[GraphPass] = [LowerPrimsPass(), RemoveNoOpsPass()]
-    if config.experimental_config.pattern_fusion_pass:
+    passes: list[GraphPass] = [LowerPrimsPass()]
+    if config.get("experimental_config.remove_noop_ops"):
+        passes.append(RemoveNoOpsPass())
+    if config.get("experimental_config.pattern_fusion_pass"):
         passes.append(PatternFusionPass())
     passes += [SuperKernelScopePass(), ReinplaceInputsPass()]
     return passes

@@ -285,6 +285,48 @@ def _comment(node: fx.Node) -> str:
     return "# " + " ".join(text.split())
 
 
+def _source_line(node: fx.Node) -> str | None:
+    """``"model.py", line 12, in forward  <code>`` of the node's innermost user frame."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    return " ".join(trace.split(" File ")[-1].split())
+
+
+def _fx_meta(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype}{list(value.shape)}{value.device}"
+    if isinstance(value, torch.SymInt):
+        return f'"Sym({value})"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fx_meta(v) for v in value) + "]"
+    return type(value).__name__
+
+
+def _fx_arg(value: Any) -> str:
+    if isinstance(value, fx.Node):
+        meta = value.meta.get("val")
+        return value.name if meta is None else f"{value.name}: {_fx_meta(meta)}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_fx_arg(v) for v in value) + "]"
+    return str(value)
+
+
+def _fx_code(node: fx.Node) -> str:
+    """TorchAir's ``## FX Code`` text: ``name: meta = target(arg: meta, ..., k=v)``."""
+    args = [_fx_arg(a) for a in node.args] + [f"{k}={_fx_arg(v)}" for k, v in node.kwargs.items()]
+    meta = node.meta.get("val")
+    head = node.name if meta is None else f"{node.name}: {_fx_meta(meta)}"
+    target = node.target if isinstance(node.target, str) else _qualified(node.target)
+    return f"{head} = {target}({', '.join(args)})"
+
+
+def _qualified(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"torch.ops.{target}"
+    return getattr(target, "__qualname__", str(target))
+
+
 def _make_input_expr(info: InputInfo) -> str:
     dtype = getattr(torch, info.dtype, None)
     if info.kind == "symint" or not info.shape and dtype is None:
@@ -308,8 +350,16 @@ def render_py(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, graph_id: int,
     w = _PyWriter(gm)
     body: list[str] = []
     attrs: list[str] = []
+    files_seen: set[str] = set()
     for node in gm.graph.nodes:
-        body.append(_comment(node))
+        if node.op in ("placeholder", "output"):
+            body.append(_comment(node))
+        else:  # TorchAir's layout: the source line once, then "## FX Code: ..." per node
+            source = _source_line(node)
+            if source is not None and source not in files_seen:
+                files_seen.add(source)
+                body += ["", f"# File {source}"]
+            body.append(f"## FX Code: {_fx_code(node)}")
         var = w.var[node]
         if node.op == "placeholder":
             body.append(f"{var} = graph.placeholder({node.target!r})")

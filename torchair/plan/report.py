@@ -32,6 +32,9 @@ class GraphReport:
     passes: dict[str, int] = dataclasses.field(default_factory=dict)  # pass -> rewrites
     patterns: dict[str, int] = dataclasses.field(default_factory=dict)  # fusion pattern -> rewrites
     scopes: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # super_kernel -> ops
+    # op -> attributes of its Ascend-only scopes (limit_core_num, op_never_timeout, data_dump,
+    # profiler_trace): recorded, no effect on CPU/CUDA (see torchair.scope._ascend_only)
+    scope_attributes: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     # super_kernel scope -> {"segments": [[op, ...], ...], "skipped": [[op, reason], ...],
     #                        "launch": [how each segment runs, ...]}
     segments: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -80,6 +83,7 @@ class GraphReport:
                 f"{k} x{v}" for k, v in self.patterns.items()))
         lines += [f"  super_kernel scope {k!r}: {', '.join(v) or '(no ops)'}"
                   for k, v in self.scopes.items()]
+        lines += _scope_attribute_lines(self.scope_attributes)
         for scope, plan in self.segments.items():
             launch = plan.get("launch") or [""] * len(plan["segments"])
             lines += [f"    segment {i + 1}: {', '.join(seg)}" + (f" -> {how}" if how else "")
@@ -93,6 +97,15 @@ class GraphReport:
         lines += [f"  why not static: {r}" for r in self.reasons]
         lines += [f"  dump: {d}" for d in self.dumps]
         return "\n".join(lines)
+
+
+def _scope_attribute_lines(attributes: dict[str, dict[str, str]]) -> list[str]:
+    """One line per distinct attribute set: its attributes, then the ops that carry it."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for op, attrs in attributes.items():
+        groups.setdefault(tuple(sorted(attrs.items())), []).append(op)
+    return [f"  Ascend-only scope ({', '.join(f'{k}={v}' for k, v in attrs)}; no effect here): "
+            f"{', '.join(ops)}" for attrs, ops in groups.items()]
 
 
 _lock = threading.Lock()

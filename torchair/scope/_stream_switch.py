@@ -22,7 +22,8 @@ from torchair.scope._markers import STREAM_BEGIN, STREAM_END, WAIT
 _MAX_TAG_LEN = 255
 
 
-def _check_tag(stream_tag: str, stream_priority: int) -> None:
+def _check_tag(stream_tag: str, stream_priority: int, enable_inner_parallel: bool = False
+               ) -> None:
     if not isinstance(stream_tag, str):
         raise TypeError(f"npu_stream_switch stream_tag must be a str (the stream's name), got "
                         f"{type(stream_tag).__name__} {stream_tag!r}")
@@ -32,6 +33,9 @@ def _check_tag(stream_tag: str, stream_priority: int) -> None:
     if isinstance(stream_priority, bool) or not isinstance(stream_priority, int):
         raise TypeError(f"npu_stream_switch stream_priority must be an int, got "
                         f"{type(stream_priority).__name__} {stream_priority!r}")
+    if not isinstance(enable_inner_parallel, bool):
+        raise TypeError(f"npu_stream_switch enable_inner_parallel must be a bool, got "
+                        f"{type(enable_inner_parallel).__name__} {enable_inner_parallel!r}")
 
 
 class npu_stream_switch:  # lower case: TorchAir's public name
@@ -42,12 +46,16 @@ class npu_stream_switch:  # lower case: TorchAir's public name
     ``stream_priority`` is the stream's priority (CUDA: lower numbers run first; the value is
     clamped to the device's range), fixed by the tag's first use: a tag used with two priorities
     in one graph is a ``ValueError``. Outside ``torch.compile`` the region does nothing.
+    ``enable_inner_parallel`` (Ascend: let the ops of the region split across the chip's core
+    groups) is accepted and checked; it has no effect on CPU/CUDA.
     """
 
-    def __init__(self, stream_tag: str, stream_priority: int = 0) -> None:
-        _check_tag(stream_tag, stream_priority)
+    def __init__(self, stream_tag: str, stream_priority: int = 0,
+                 enable_inner_parallel: bool = False) -> None:
+        _check_tag(stream_tag, stream_priority, enable_inner_parallel)
         self.stream_tag = stream_tag
         self.stream_priority = stream_priority
+        self.enable_inner_parallel = enable_inner_parallel
 
     def __enter__(self) -> None:
         STREAM_BEGIN(self.stream_tag, self.stream_priority)
