@@ -342,12 +342,17 @@ def _read_file(entry_dir: pathlib.Path, dir_fd: int, name: str) -> bytes:
                 f"{stat.S_IMODE(st.st_mode):o}, expected 600; refusing to use it: "
                 f"{_fix_hint(entry_dir)}"
             )
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return read_all(fd)
     finally:
         os.close(fd)
+
+
+def read_all(fd: int) -> bytes:
+    """Every byte left in the open file ``fd`` (read in 1 MiB chunks)."""
+    chunks = []
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _parse_manifest(entry_dir: pathlib.Path, raw: bytes) -> dict[str, dict]:

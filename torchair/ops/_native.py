@@ -240,10 +240,9 @@ def _read_private(path: pathlib.Path) -> bytes | None:
         return None
     try:
         _check_file(path, os.fstat(fd))
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
+        from torchair.inference._cache_store import read_all
+
+        return read_all(fd)
     finally:
         os.close(fd)
 
