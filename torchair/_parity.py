@@ -109,14 +109,16 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
     ("torchair.scope.npu_wait_tensor", (WORKS, "a control edge in compiled graphs")),
     ("torchair.scope.super_kernel", (WORKS, "each segment runs as one launch unit")),
     ("torchair.scope.limit_core_num", (NO_EFFECT, _CORES + "; checked and recorded in graph "
-                                                           "dumps")),
+                                                           "dumps and the report")),
     ("torchair.scope.op_never_timeout", (NO_EFFECT, "ops have no execution timeout here; "
-                                                    "checked and recorded in graph dumps")),
+                                                    "checked and recorded in graph dumps and the "
+                                                    "report")),
     ("torchair.scope.data_dump", (NO_EFFECT, "Ascend's device data dump (dump_config) does not "
-                                             "exist here; recorded in graph dumps; use "
+                                             "exist here; recorded in graph dumps and the "
+                                             "report; use "
                                              "config.debug.data_dump")),
     ("torchair.scope.profiler_trace", (NO_EFFECT, "Ascend profiler marks; recorded in graph "
-                                                  "dumps; use torch.profiler")),
+                                                  "dumps and the report; use torch.profiler")),
     # ---- torchair.npu_fx_compiler, torchair.patterns
     ("torchair.npu_fx_compiler.get_npu_backend", (WORKS, "same object as "
                                                          "torchair.get_npu_backend")),

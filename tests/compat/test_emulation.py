@@ -119,10 +119,18 @@ def torch_npu():
 
 
 def test_ops_are_the_op_library_through_torch_ops(torch_npu):
-    names = [n for n in torchair.ops.__all__ if n.startswith("npu_")]
-    assert "npu_quant_matmul" in names and "npu_incre_flash_attention" in names
-    for name in names:
+    from torchair.compat._torch_npu import TORCH_NPU_OPS
+
+    assert "npu_quant_matmul" in TORCH_NPU_OPS and "npu_incre_flash_attention" in TORCH_NPU_OPS
+    for name in TORCH_NPU_OPS:
+        assert name in torchair.ops.__all__, name
         assert getattr(torch_npu, name) is getattr(torch.ops.npu, name), name
+    # TorchAir's own ops are torchair.ops only, as on Ascend (torch_npu has no npu_print)
+    own = [n for n in torchair.ops.__all__ if n.startswith("npu_") and n not in TORCH_NPU_OPS]
+    assert set(own) == {"npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
+                        "npu_tagged_event_wait", "npu_record_tagged_stream"}
+    for name in own:
+        assert not hasattr(torch_npu, name), name
     x, gamma = torch.randn(3, 8), torch.rand(8) + 0.5
     y, _ = torch_npu.npu_rms_norm(x, gamma)
     torch.testing.assert_close(y, x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * gamma)

@@ -393,17 +393,19 @@ def test_ge_cache_warm_start_loads_the_library_without_inductor_or_dynamo(tmp_pa
             "engine": report.engine, "launch": report.launch,
             "dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._inductor" in sys.modules}}))
     '''))
-    runs = []
+    runs, logs = [], []
     for phase in ("cold", "warm"):
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=600)
+                              timeout=600, env=dict(os.environ, TORCHAIR_LOG_LEVEL="INFO"))
         assert done.returncode == 0, done.stdout + done.stderr
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        logs.append(done.stderr[-3000:])
     cold, warm = runs
     for run in runs:
         assert run["close"] and run["k_written"] and run["engine"] == "inductor-aot", run
     assert cold["dynamo"] and cold["inductor"]
-    assert not warm["dynamo"] and not warm["inductor"], warm  # no trace, no codegen, no compiler
+    # no trace, no codegen, no compiler
+    assert not warm["dynamo"] and not warm["inductor"], (warm, logs[1])
     assert warm["launch"].endswith("(from cache_compile)")
     assert warm["sum"] == cold["sum"]  # the same library ran
     (entry,) = _entries(tmp_path / "c")

@@ -2,12 +2,14 @@
 profiler_trace are checked as TorchAir checks them, change no result, survive Dynamo and AOT as
 marker ops that graph dumps show, and their regions read back per op (scope_attributes,
 AscendScopePass, GraphReport.scope_attributes); npu_stream_switch takes enable_inner_parallel."""
+import copy
 import glob
 
 import pytest
 import torch
 
 import torchair
+from torchair.core import recorder
 from torchair.plan.report import GraphReport
 from torchair.scope._ascend_only import ASCEND_ATTRS, AscendScopePass, scope_attributes
 
@@ -35,7 +37,8 @@ def _model(x, y):
 
 
 def _aot_graph(fn, *args, config=None):
-    """The ATen graph the torchair compiler ran, and the compiled output."""
+    """The ATen graph given to the torchair compiler (a copy: its passes rewrite the graph in
+    place), and the compiled output."""
     graphs = []
     compiler = torchair.get_compiler(config or _config())
 
@@ -43,7 +46,7 @@ def _aot_graph(fn, *args, config=None):
         from torch._functorch.aot_autograd import aot_module_simplified
 
         def fw(aot_gm, aot_inputs):
-            graphs.append(aot_gm)
+            graphs.append(copy.deepcopy(aot_gm))
             return compiler(aot_gm, aot_inputs)
         return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
 
@@ -97,11 +100,16 @@ def test_compiled_regions_are_recorded_per_op(tmp_path):
     assert by_op["cos"] == {"_profiler_trace_index": "p1", "_profiler_trace_pos": "begin"}
     assert by_op["mul_1"] == {"_profiler_trace_index": "p1", "_profiler_trace_pos": "end"}
     assert "sub" not in by_op
-    # the optimized py dump shows the markers with their attributes
-    dump = open(glob.glob(str(tmp_path / "dynamo_optimized_*.py"))[0]).read()
+    # the original py dump shows the markers with their attributes
+    dump = open(glob.glob(str(tmp_path / "dynamo_original_*.py"))[0]).read()
     assert ("torch.ops.npu._scope_attrs_begin.default, (['_op_aicore_num', "
             "'_op_vectorcore_num'], ['4', '8'])") in dump
     assert "['_op_exec_never_timeout'], ['True']" in dump
+    # the pipeline's AscendScopePass moved them onto the ops: the optimized dump shows them there
+    optimized = open(glob.glob(str(tmp_path / "dynamo_optimized_*.py"))[0]).read()
+    assert "_scope_attrs" not in optimized
+    assert "mul.meta['_op_exec_never_timeout'] = 'True'" in optimized
+    assert "cos.meta['_profiler_trace_pos'] = 'begin'" in optimized
 
     # the pass moves the regions onto the ops and erases the 8 markers
     ascend_pass = AscendScopePass()
@@ -112,6 +120,21 @@ def test_compiled_regions_are_recorded_per_op(tmp_path):
     assert scope_attributes(gm) == by_op
 
 
+def test_pipeline_reports_the_attributes_and_results_are_unchanged():
+    x, y = _args()
+    with recorder.recording() as records:
+        out = torch.compile(_model, backend=torchair.get_npu_backend(compiler_config=_config()),
+                            fullgraph=True)(x, y)
+    torch.testing.assert_close(out, _model(x, y))
+    report = records[0].report
+    assert report.passes.get("ascend_scope") == 8
+    assert report.scope_attributes["sin"] == {"_op_aicore_num": "4", "_op_vectorcore_num": "8"}
+    assert report.scope_attributes["mul_1"] == {"_profiler_trace_index": "p1",
+                                                "_profiler_trace_pos": "end"}
+    assert "sub" not in report.scope_attributes
+    assert "Ascend-only scope (_data_dump=True; no effect here): add" in str(report)
+
+
 def test_txt_dump_shows_the_marker_attributes(tmp_path):
     def fn(x):
         with torchair.scope.limit_core_num(2, 3):
@@ -119,9 +142,12 @@ def test_txt_dump_shows_the_marker_attributes(tmp_path):
 
     torch.compile(fn, backend=torchair.get_npu_backend(compiler_config=_config(tmp_path, "txt")),
                   fullgraph=True)(torch.ones(2))
-    text = open(glob.glob(str(tmp_path / "dynamo_optimized_*.txt"))[0]).read()
+    text = open(glob.glob(str(tmp_path / "dynamo_original_*.txt"))[0]).read()
     assert "npu._scope_attrs_begin() {keys=[_op_aicore_num, _op_vectorcore_num], " \
            "values=[2, 3]}" in text
+    text = open(glob.glob(str(tmp_path / "dynamo_optimized_*.txt"))[0]).read()
+    assert "aten.exp(arg0_1) {_op_aicore_num=2, _op_vectorcore_num=3}" in text
+    assert "_scope_attrs" not in text
 
 
 def test_nested_profiler_trace_is_refused():
@@ -136,9 +162,10 @@ def test_nested_profiler_trace_is_refused():
     x = torch.ones(2)  # nothing was left open: a later region works
     with torchair.scope.profiler_trace("c", "both"):
         x = x + 1
-    gm, _ = _aot_graph(fn, torch.ones(2))  # compiled: refused when the regions are read
-    with pytest.raises(ValueError, match="Nested profiler_trace is not allowed"):
-        scope_attributes(gm)
+    # compiled: refused when the pipeline reads the regions (Dynamo wraps the compiler's error)
+    with pytest.raises(Exception, match="Nested profiler_trace is not allowed") as info:
+        _aot_graph(fn, torch.ones(2))
+    assert isinstance(getattr(info.value, "inner_exception", info.value), ValueError)
 
 
 def test_report_field_renders():

@@ -1,8 +1,9 @@
 """The emulated ``torch_npu`` module object.
 
-Its ``npu_*`` functions are the torchair op library's ops, reached through ``torch.ops.npu`` so
-Dynamo traces them as the same graph nodes as on Ascend. Any other name raises
-:class:`NotEmulatedError` naming it.
+Its ``npu_*`` functions (:data:`TORCH_NPU_OPS`: the ones ``torch_npu`` itself has) are the
+torchair op library's ops, reached through ``torch.ops.npu`` so Dynamo traces them as the same
+graph nodes as on Ascend. TorchAir's own ops (``npu_print``, the tagged events) live in
+``torchair.ops`` only, as on Ascend. Any other name raises :class:`NotEmulatedError` naming it.
 """
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import types
 import torch
 
 import torchair
-from torchair import ops as _ops
 from torchair.compat._errors import module_getattr
 
-__all__ = ["get_npu_format", "make_torch_npu", "npu_format_cast"]
+__all__ = ["TORCH_NPU_OPS", "get_npu_format", "make_torch_npu", "npu_format_cast"]
 
+# the torch_npu functions that torchair.ops implements (torch_npu.<name> is torch.ops.npu.<name>)
+TORCH_NPU_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score",
+                 "npu_fused_infer_attention_score_v2", "npu_rms_norm", "npu_add_rms_norm",
+                 "npu_add_rms_norm_cast", "npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant",
+                 "npu_quant_matmul", "npu_dequant_swiglu_quant")
 _FORMAT_ND = 2  # ACL_FORMAT_ND: the only layout that exists off Ascend
 
 
@@ -43,17 +48,13 @@ def get_npu_format(tensor: torch.Tensor) -> int:
     return _FORMAT_ND
 
 
-def _op_names() -> list[str]:
-    return [name for name in _ops.__all__ if name.startswith("npu_")]
-
-
 def make_torch_npu(npu_namespace: types.ModuleType) -> types.ModuleType:
     """A fresh ``torch_npu`` module whose ``npu`` attribute is ``npu_namespace``."""
     mod = types.ModuleType("torch_npu", "torch_npu emulated by torchair (see torchair.compat)")
     mod.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)
     mod.__version__ = f"{torchair.__version__}+torchair.emulated"
     mod.npu = npu_namespace
-    for name in _op_names():
+    for name in TORCH_NPU_OPS:
         setattr(mod, name, getattr(torch.ops.npu, name))
     mod.npu_format_cast = npu_format_cast
     mod.get_npu_format = get_npu_format

@@ -83,7 +83,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
         value_dependent_ops=[u.op_name for u in analysis.value_dependent],
         reasons=analysis.reasons, consts=_consts(analysis), passes=fired, dumps=dumps,
         patterns=_patterns_fired(passes), scopes=_scopes(passes),
-        segments=_segments(gm, inputs, config))
+        segments=_segments(gm, inputs, config), scope_attributes=_scope_attributes(passes))
     unit = _segmented_unit(gm, analysis, inputs, config, report)  # None: no segments to launch
     if unit is None and analysis.build_static:
         unit = _static_unit(gm, analysis, inputs, config, report)
@@ -154,6 +154,7 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
         value_dependent_ops=[u.op_name for u in first.value_dependent], reasons=first.reasons,
         consts=_consts(first), passes=fired, dumps=dumps, patterns=_patterns_fired(passes),
         scopes=_scopes(passes), segments=_segments(gm, inputs, config),
+        scope_attributes=_scope_attributes(passes),
         gears=[{"gear": table.describe(g), "built": False, "build_seconds": None}
                for g in table.gears])
     if not first.build_static:
@@ -290,6 +291,10 @@ def _segments(gm: fx.GraphModule, inputs: list[InputInfo], config: CompilerConfi
 
 def _scopes(passes: list) -> dict[str, list[str]]:
     return {name: ops for p in passes for name, ops in getattr(p, "scopes", {}).items()}
+
+
+def _scope_attributes(passes: list) -> dict[str, dict[str, str]]:
+    return {op: attrs for p in passes for op, attrs in getattr(p, "attributes", {}).items()}
 
 
 def _consts(analysis: Analysis) -> dict[str, Any]:

@@ -6,9 +6,12 @@ Order (each pass one file):
 3. ``pattern_fusion`` - fused ops for registered op chains (``experimental_config.pattern_fusion_pass``);
    after ``remove_noops`` so patterns see no identity ops between the ops they match. A match
    that crosses a ``super_kernel`` marker is refused, so each fused op lies in one scope.
-4. ``super_kernel_scope`` - ``torchair.scope.super_kernel`` markers become node attributes and are
+4. ``ascend_scope`` - the Ascend-only region markers (``limit_core_num``, ``op_never_timeout``,
+   ``data_dump``, ``profiler_trace``) become node attributes (dumps and the report show them;
+   nothing here runs differently) and are erased; after ``pattern_fusion`` like the next pass.
+5. ``super_kernel_scope`` - ``torchair.scope.super_kernel`` markers become node attributes and are
    erased; after ``pattern_fusion`` so fused ops get the attributes of the scope they sit in.
-5. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
+6. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
    of copying whole inputs; it must see the final graph, so later passes go before it.
 Later passes (pattern fusion, scopes) are inserted before ``reinplace_inputs``, here only.
 """
@@ -23,6 +26,7 @@ from torchair.passes.pattern_fusion import PatternFusionPass
 from torchair.passes.reinplace_inputs import ReinplaceInputsPass
 from torchair.passes.remove_noops import RemoveNoOpsPass
 from torchair.passes.super_kernel_scope import SuperKernelScopePass
+from torchair.scope._ascend_only import AscendScopePass
 
 
 def default_passes(config) -> list[GraphPass]:
@@ -32,7 +36,7 @@ def default_passes(config) -> list[GraphPass]:
         passes.append(RemoveNoOpsPass())
     if config.get("experimental_config.pattern_fusion_pass"):
         passes.append(PatternFusionPass())
-    passes += [SuperKernelScopePass(), ReinplaceInputsPass()]
+    passes += [AscendScopePass(), SuperKernelScopePass(), ReinplaceInputsPass()]
     return passes
 
 
@@ -49,5 +53,5 @@ def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
     return fired
 
 
-__all__ = ["GraphPass", "LowerPrimsPass", "PatternFusionPass", "ReinplaceInputsPass", "RemoveNoOpsPass",
+__all__ = ["AscendScopePass", "GraphPass", "LowerPrimsPass", "PatternFusionPass", "ReinplaceInputsPass", "RemoveNoOpsPass",
            "SuperKernelScopePass", "default_passes", "run_passes"]

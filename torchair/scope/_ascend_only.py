@@ -27,13 +27,13 @@ import torch
 import torch.fx as fx
 
 from torchair.ops._registry import define_op
+from torchair.plan.ir import ASCEND_KEYS
 
 __all__ = ["ASCEND_ATTRS", "AscendScopePass", "data_dump", "limit_core_num", "op_never_timeout",
            "profiler_trace", "scope_attributes"]
 
-# the attributes (node.meta keys once AscendScopePass ran; string values)
-ASCEND_ATTRS = ("_op_aicore_num", "_op_vectorcore_num", "_op_exec_never_timeout", "_data_dump",
-                "_profiler_trace_index", "_profiler_trace_pos")
+# the attributes (node.meta keys once AscendScopePass ran; string values); dumps show them
+ASCEND_ATTRS = ASCEND_KEYS
 PROFILER_MODES = ("begin", "end", "both")
 
 
@@ -224,7 +224,7 @@ def scope_attributes(gm: fx.GraphModule) -> dict[str, dict[str, str]]:
 
 class AscendScopePass:
     """Moves the regions onto the ops (``node.meta[key] = value`` for the keys of
-    :data:`ASCEND_ATTRS`; dumps show them once ``torchair.plan.ir.META_ATTRS`` lists those keys)
+    :data:`ASCEND_ATTRS`, which dumps show as op attributes)
     and erases the markers; ``attributes`` holds the last run's :func:`scope_attributes`. Shaped
     as a ``torchair.passes.GraphPass``: ``pass(gm)`` returns how many markers it erased."""
 
