@@ -240,7 +240,8 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain-text table; numbers are right-aligned."""
     cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [all(_is_number(row[i]) for row in rows) if rows else False
+    numeric = [any(_is_number(row[i]) for row in rows)
+               and all(_is_number(row[i]) or row[i] is None for row in rows)
                for i in range(len(headers))]
 
     def line(row: Sequence[str]) -> str:

@@ -44,8 +44,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H  # noqa: E402
+import _profile as P  # noqa: E402
 
 import torchair  # noqa: E402  (registers torch.ops.npu.*)
+from torchair.demo._roofline import (GemvFloor, floor_us, kv_read_bytes,  # noqa: E402
+                                     read_bandwidth, x_floor)
+
+FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight GEMVs alone
 
 ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-fx", "reduce-overhead")
 
@@ -257,7 +262,9 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
               .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
 
     n_warm = 2  # first call compiles; the second (new lengths) shows whether anything recompiles
-    n_calls = n_warm + args.check_steps + args.rounds * args.steps
+    n_profile = args.profile_steps if "torchair" in args.variants or "torchair-fx" in \
+        args.variants else 0
+    n_calls = n_warm + args.check_steps + args.rounds * args.steps + n_profile
     schedule = make_schedule(cfg, batch, n_calls, device, dtype, args.seed + batch)
     for s in schedule:
         torch._dynamo.mark_static(s.x)
@@ -352,17 +359,41 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
             return range(start, start + args.steps)
 
         fns = {name: (lambda i, v=v: v(schedule[i])) for name, v in timed.items()}
+        gemv = GemvFloor.of_module(model, batch)
+        fns[FLOOR] = lambda i: gemv()
+        recompiles[FLOOR] = 0
+        gemv()  # first call outside the timing, as the variants' warm-up calls
+        bandwidth = [read_bandwidth(device, sync=sync)]
         t0 = time.perf_counter()
         rounds = H.interleaved_rounds(fns, steps_of_round, args.rounds, sync,
                                       before_round=before_round, after_round=after_round)
-        print(f"  timed {args.rounds} rounds x {args.steps} steps x {len(fns)} variants in "
-              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"  timed {args.rounds} rounds x {args.steps} steps x {len(fns)} variants "
+              f"(with {FLOOR}) in {time.perf_counter() - t0:.1f} s", flush=True)
+        bandwidth.append(read_bandwidth(device, sync=sync))
+        gemv_rounds = rounds.pop(FLOOR)
+        recompiles.pop(FLOOR, None)
+
+        profile = None
+        prof_name = next((n for n in ("torchair", "torchair-fx") if n in timed), None)
+        if n_profile and prof_name:
+            first = timed_start + args.rounds * args.steps
+            prof = P.profile_steps(lambda i: timed[prof_name](schedule[i]),
+                                   range(first, first + n_profile), sync)
+            ops = P.op_table(prof, n_profile)
+            profile = {"variant": prof_name, "steps": n_profile,
+                       "method": "torch.profiler (CPU activity), key_averages() self CPU time "
+                                 "over the profiled steps; each step has new lengths",
+                       "ops": ops}
 
     eager_median = None
     if "eager" in rounds:
         eager_median = H.summarize(rounds["eager"])["median"]
     load = H.load_average()
-    out: dict[str, Any] = {"batch": batch, "variants": {}}
+    floor = _floor(schedule, timed_start, args, cfg, gemv, gemv_rounds, bandwidth,
+                   torch.empty((), dtype=dtype).element_size())
+    out: dict[str, Any] = {"batch": batch, "floor": floor, "variants": {}}
+    if profile is not None:
+        out["profile"] = profile
     for v in variants:
         res = dict(v.result)
         res.pop("ok_to_time", None)
@@ -374,9 +405,55 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
                 res["speedup_vs_eager"] = eager_median / stats["median"]
                 res["speedup_vs_eager_paired"] = H.paired_ratios(rounds["eager"],
                                                                  rounds[v.name])
+            res["x_floor"] = x_floor(stats["median"], floor["floor_us"])
+            res["x_floor_paired"] = _paired_x_floor(rounds[v.name], gemv_rounds,
+                                                    floor["kv_us"])
         out["variants"][v.name] = res
     out["load_average_after_timing"] = load
     return out
+
+
+def _floor(schedule: list[StepInput], timed_start: int, args: argparse.Namespace,
+           cfg: ModelConfig, gemv: GemvFloor, gemv_rounds: list[list[float]],
+           bandwidth: list[dict[str, Any]], itemsize: int) -> dict[str, Any]:
+    """The step's floor: median time of the weight GEMVs alone (timed with the variants) plus
+    the mean KV bytes of a timed step at the read bandwidth (median of the calls before and
+    after the timed rounds)."""
+    timed = schedule[timed_start:timed_start + args.rounds * args.steps]
+    kv_bytes = sum(kv_read_bytes(s.lens, cfg.kv_hidden, cfg.layers, itemsize)
+                   for s in timed) / len(timed)
+    samples = sorted(t for b in bandwidth for t in b["seconds"])
+    gbps = bandwidth[0]["bytes"] / H.percentile(samples, 50) / 1e9
+    gemv_stats = H.summarize(gemv_rounds)
+    kv_us = kv_bytes / (gbps * 1e9) * 1e6
+    return {
+        "floor_us": floor_us(gemv_stats["median"], kv_bytes, gbps),
+        "gemv_us": gemv_stats,
+        "kv_us": kv_us,
+        "kv_bytes_per_step": kv_bytes,
+        "weight_bytes": gemv.weight_bytes,
+        "read_bandwidth_gb_per_s": gbps,
+        "read_bandwidth": {"method": bandwidth[0]["method"] + ", before and after the timed "
+                                                               "rounds (median of both)",
+                           "bytes": bandwidth[0]["bytes"],
+                           "cache_bytes": bandwidth[0]["cache_bytes"],
+                           "seconds": [t for b in bandwidth for t in b["seconds"]]},
+        "gemvs": gemv.describe(),
+        "method": (f"floor = median per-step time of the weight GEMVs alone ({FLOOR}: "
+                   "F.linear with the model's weight tensors on a [batch, in] input, timed "
+                   "interleaved with the variants) + mean KV bytes read per timed step "
+                   "(K and V, lens[b] positions per sequence, every layer) / read bandwidth"),
+    }
+
+
+def _paired_x_floor(variant_rounds: list[list[float]], gemv_rounds: list[list[float]],
+                    kv_us: float) -> dict[str, Any]:
+    """Per round: variant round median / (GEMV round median + KV time); median, p10, p90."""
+    ratios = sorted(H.percentile(sorted(v), 50) * 1e6 / (H.percentile(sorted(g), 50) * 1e6
+                                                           + kv_us)
+                    for v, g in zip(variant_rounds, gemv_rounds) if v and g)
+    return {"n_rounds": len(ratios), "median": H.percentile(ratios, 50),
+            "p10": H.percentile(ratios, 10), "p90": H.percentile(ratios, 90)}
 
 
 def _sci(value: float | None) -> str | None:
@@ -422,6 +499,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warm-cache", action="store_true",
                    help="let Inductor use its on-disk caches (default: caches disabled, so the "
                         "first-call times are cold compile times)")
+    p.add_argument("--profile-steps", type=int, default=None,
+                   help="steps of the torchair variant (torchair-fx without it) run under "
+                        "torch.profiler after the timing, for the per-op table (default 20, "
+                        "5 with --quick; 0: no profile)")
     p.add_argument("--quick", action="store_true",
                    help="tiny model, few steps: a smoke test that finishes in well under a minute")
     p.add_argument("--out", default=None,
@@ -431,9 +512,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda but CUDA is not available")
     quick = dict(batch=[2], steps=4, rounds=3, check_steps=2, layers=1, hidden=64, heads=4,
-                 kv_heads=2, intermediate=128, capacity=64)
+                 kv_heads=2, intermediate=128, capacity=64, profile_steps=5)
     full = dict(batch=[1, 8], steps=10, rounds=30, check_steps=3, layers=2, hidden=512, heads=8,
-                kv_heads=2, intermediate=None, capacity=1024)
+                kv_heads=2, intermediate=None, capacity=1024, profile_steps=20)
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -474,9 +555,13 @@ def main(argv: list[str] | None = None) -> int:
     batches = [run_batch(args, cfg, b, device, dtype) for b in args.batch]
 
     headers = ["batch", "variant", "first call s", "check", "max err", "recompiles",
-               "median us", "p10 us", "p90 us", "speedup", "paired"]
+               "median us", "p10 us", "p90 us", "speedup", "paired", "x floor"]
     rows = []
     for b in batches:
+        fl = b["floor"]
+        rows.append([b["batch"], FLOOR + " (floor)", None, None, None, None,
+                     fl["gemv_us"]["median"], fl["gemv_us"]["p10"], fl["gemv_us"]["p90"], None,
+                     None, None])
         for name, res in b["variants"].items():
             stats = res.get("per_step_us", {})
             recompiles = None
@@ -487,13 +572,31 @@ def main(argv: list[str] | None = None) -> int:
                          res.get("check", "error" if "error" in res else None),
                          _sci(res.get("max_abs_err")), recompiles, stats.get("median"),
                          stats.get("p10"), stats.get("p90"), res.get("speedup_vs_eager"),
-                         res.get("speedup_vs_eager_paired", {}).get("median")])
+                         res.get("speedup_vs_eager_paired", {}).get("median"),
+                         res.get("x_floor")])
     print("\nper-step latency (median, p10, p90 over all timed steps of all rounds); speedup ="
           " eager median / variant median, measured side by side in this run; paired = median"
           " over rounds of the same ratio within one round")
     print("first call s = the compiling call; recompiles = new graphs after the first call "
           "(every call has new lengths)")
     print(H.format_table(headers, rows))
+    print("\nfloor per step = weight GEMVs alone (floor-gemv row, timed with the variants) + KV "
+          "bytes read / read bandwidth; x floor = variant median / floor")
+    for b in batches:
+        fl = b["floor"]
+        print(f"  batch {b['batch']}: floor {fl['floor_us']:.1f} us = GEMVs "
+              f"{fl['gemv_us']['median']:.1f} us + KV {fl['kv_bytes_per_step'] / 2**20:.2f} MiB "
+              f"at {fl['read_bandwidth_gb_per_s']:.1f} GB/s = {fl['kv_us']:.1f} us")
+    if batches:
+        fl = batches[0]["floor"]
+        print(f"  GEMVs: {fl['gemvs']}")
+        print(f"  read bandwidth: {fl['read_bandwidth']['method']}")
+    for b in batches:
+        prof = b.get("profile")
+        if prof:
+            print(f"\nper-op self CPU time, {prof['variant']} at batch {b['batch']} "
+                  f"({prof['steps']} steps under torch.profiler):")
+            print(P.format_op_table(prof["ops"], top=15))
     print("\nvariants:")
     for name in args.variants:
         describe = next((b["variants"][name].get("describe") for b in batches
@@ -509,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                    "device": device, "batches": args.batch, "steps_per_round": args.steps,
                    "rounds": args.rounds, "check_steps": args.check_steps,
                    "quick": args.quick, "seed": args.seed,
+                   "profile_steps": args.profile_steps,
                    "inductor_caches": "warm (on-disk caches allowed)" if args.warm_cache
                    else "disabled (cold compiles)"},
         "method": ("per-step wall time (time.perf_counter, torch.cuda.synchronize on CUDA) of "

@@ -196,7 +196,8 @@ def summarize_decode_step(p: Mapping[str, Any]) -> dict[str, Any]:
     names = [n for n in VARIANT_LABELS if n in seen] + [n for n in seen if n not in VARIANT_LABELS]
     out: dict[str, Any] = {"batches": batches, "variants": names, "median_us": {},
                            "speedup_vs_eager": {}, "speedup_paired": {}, "check": {},
-                           "first_call_s": {}}
+                           "first_call_s": {}, "x_floor": {},
+                           "floor_us": [r.get("floor", {}).get("floor_us") for r in p["results"]]}
     for name in names:
         res = [r["variants"].get(name, {}) for r in p["results"]]
         out["median_us"][name] = [v.get("per_step_us", {}).get("median") for v in res]
@@ -205,6 +206,7 @@ def summarize_decode_step(p: Mapping[str, Any]) -> dict[str, Any]:
                                        for v in res]
         out["check"][name] = [v.get("check", "error" if "error" in v else None) for v in res]
         out["first_call_s"][name] = [v.get("first_call_s") for v in res]
+        out["x_floor"][name] = [v.get("x_floor") for v in res]
     cfg = p.get("config", {})
     out["config"] = {k: cfg.get(k) for k in ("layers", "hidden", "dtype", "device",
                                              "steps_per_round", "rounds", "quick")}

@@ -42,6 +42,12 @@ def test_fx_engine_two_gears_tokens_equal_one_compile_static(tmp_path, capsys):
     assert "static build: yes" in out and "Dynamo compiles: 1   recompiles: 0" in out
     assert "OK: the graph's tokens equal eager's exactly" in out
     assert "eager ms/step" in out and "speedup" in out
+    assert "floor ms" in out and "graph x floor" in out
+    assert result["read_bandwidth"]["gb_per_s"] > 0
+    for r in result["rows"]:  # the floor, and each variant as a multiple of it (no timing bound)
+        assert r["floor_ms"] > 0 and r["gemv_ms"] > 0 and r["kv_bytes_per_step"] > 0
+        assert r["eager_x_floor"] == pytest.approx(r["eager_ms"] / r["floor_ms"])
+        assert r["graph_x_floor"] == pytest.approx(r["graph_ms"] / r["floor_ms"])
 
 
 def test_one_batch_size_is_mark_static_without_gears(tmp_path, capsys):

@@ -29,6 +29,7 @@ import torch._dynamo
 
 import torchair
 from torchair.demo._progress import Bar
+from torchair.demo._roofline import GemvFloor, floor_us, kv_read_bytes, read_bandwidth, x_floor
 from torchair.demo.model import DemoConfig, Decoder, PagedKVCache
 from torchair.inference import set_dim_gears
 
@@ -141,9 +142,10 @@ def _mark(args: tuple, batches: Sequence[int]) -> None:
 
 def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: int,
               caches: tuple[PagedKVCache, PagedKVCache], first_compile: bool, bar: Bar,
-              sync: Callable[[], None]) -> dict[str, Any]:
+              sync: Callable[[], None], bandwidth: dict[str, Any]) -> dict[str, Any]:
     """Prefill both caches eagerly, then generate ``args.steps`` tokens with eager and the
-    compiled step side by side; the compiled step feeds on its own tokens."""
+    compiled step side by side; the compiled step feeds on its own tokens. The weight GEMVs
+    alone (the floor's compute part) run in the same loop, timed the same way."""
     gen = torch.Generator().manual_seed(args.seed + 1000 + batch)
     prompt = torch.randint(0, cfg.vocab, (batch, args.prompt_len), generator=gen)
     prompt = prompt.to(args.device)
@@ -156,11 +158,22 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
         run.token = out
         runs[name] = run
     fns = {"eager": model, "graph": compiled}
+    gemv = GemvFloor.of_module(model, batch)
+    gemv()  # untimed first call, as the steps' first (compiling) call
+    gemv_s: list[float] = []
+    kv_bytes: list[int] = []
+    itemsize = caches[0].k[0].element_size()
     first_call_s = None
     for i in range(args.steps):
         position = args.prompt_len + i
-        order = ("eager", "graph") if i % 2 == 0 else ("graph", "eager")
+        order = ("eager", "graph", "floor")[i % 3:] + ("eager", "graph", "floor")[:i % 3]
         for name in order:
+            if name == "floor":
+                if i > 0:
+                    gemv_s.append(_timed(gemv, (), sync)[1])
+                    kv_bytes.append(kv_read_bytes([position + 1] * batch, cfg.kv_hidden,
+                                                  cfg.layers, itemsize))
+                continue
             run = runs[name]
             step_args = _inputs(run, position, batch, args.device)
             if name == "graph" and i == 0:
@@ -183,8 +196,13 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
     graph_tokens = torch.cat(runs["graph"].tokens, dim=1).cpu()
     eager_ms = statistics.median(runs["eager"].seconds) * 1e3
     graph_ms = statistics.median(runs["graph"].seconds) * 1e3
+    gemv_ms = statistics.median(gemv_s) * 1e3
+    kv = statistics.mean(kv_bytes)
+    floor_ms = floor_us(gemv_ms * 1e3, kv, bandwidth["gb_per_s"]) / 1e3
     return {"batch": batch, "eager_ms": eager_ms, "graph_ms": graph_ms,
-            "speedup": eager_ms / graph_ms, "graph_first_call_s": first_call_s,
+            "speedup": eager_ms / graph_ms, "floor_ms": floor_ms, "gemv_ms": gemv_ms,
+            "kv_bytes_per_step": kv, "eager_x_floor": x_floor(eager_ms, floor_ms),
+            "graph_x_floor": x_floor(graph_ms, floor_ms), "graph_first_call_s": first_call_s,
             "tokens_equal": torch.equal(eager_tokens, graph_tokens),
             "first_mismatch": _first_mismatch(eager_tokens, graph_tokens),
             "eager_tokens": eager_tokens.tolist(), "graph_tokens": graph_tokens.tolist()}
@@ -203,10 +221,11 @@ def _describe(args, cfg: DemoConfig) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    headers = ["batch", "eager ms/step", "graph ms/step", "speedup", "graph 1st call s",
-               "tokens equal"]
+    headers = ["batch", "eager ms/step", "graph ms/step", "speedup", "floor ms",
+               "eager x floor", "graph x floor", "graph 1st call s", "tokens equal"]
     cells = [[str(r["batch"]), f"{r['eager_ms']:.3f}", f"{r['graph_ms']:.3f}",
-              f"{r['speedup']:.2f}x", f"{r['graph_first_call_s']:.2f}",
+              f"{r['speedup']:.2f}x", f"{r['floor_ms']:.3f}", f"{r['eager_x_floor']:.1f}",
+              f"{r['graph_x_floor']:.1f}", f"{r['graph_first_call_s']:.2f}",
               "yes" if r["tokens_equal"] else f"NO (first at {r['first_mismatch']})"]
              for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
@@ -261,13 +280,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     caches = tuple(PagedKVCache(cfg, max(args.batch), device, dtype, args.seed)
                    for _ in range(2))  # eager's and the graph's; the same block tables
     reports_before = len(torchair.graph_reports())
+    bandwidth = read_bandwidth(device, sync=sync)
     bar = Bar(len(args.batch) * args.steps, enabled=not args.no_progress)
     rows = []
     try:
         with torch.no_grad():
             for k, batch in enumerate(args.batch):
                 rows.append(_generate(args, cfg, model, compiled, batch, caches, k == 0, bar,
-                                      sync))
+                                      sync, bandwidth))
     finally:
         bar.close()
     reports = torchair.graph_reports()[reports_before:]
@@ -278,6 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nper-step latency (median over the generated tokens after the first; eager and "
           "graph alternate, side by side):")
     print(_table(rows))
+    print(f"floor = the step's weight GEMVs alone (F.linear with the same weights, timed in the "
+          f"same loop) + the KV bytes it reads at {bandwidth['gb_per_s']:.1f} GB/s (read "
+          f"bandwidth: {bandwidth['method']}); x floor = ms/step / floor")
     print(f"\nDynamo compiles: {summary['dynamo_compiles']}   recompiles: "
           f"{summary['recompiles']}")
     print(f"built gears: {'; '.join(summary['built_gears']) or 'none (one batch size)'}")
@@ -300,6 +323,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         payload = {"config": vars(args), "model": dataclasses.asdict(cfg), "rows": rows,
                    **summary, "tokens_equal": ok, "wall_s": wall,
+                   "read_bandwidth": {k: v for k, v in bandwidth.items()},
+                   "floor_method": "weight GEMVs alone (median, timed in the generation loop) "
+                                   "+ mean KV bytes per step / read bandwidth",
                    "torch": torch.__version__, "torchair": torchair.__version__}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=1)

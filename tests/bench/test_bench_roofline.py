@@ -1,0 +1,105 @@
+"""The roofline columns of bench/bench_decode_step.py (floor, x floor) and the per-op profile
+table, from one tiny run of the benchmark (FX engine only). Nothing about speed is asserted: only
+that the fields exist, the floor is positive and each multiple is its time over the floor."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def payload(tmp_path_factory):
+    bench = _load("bench_decode_step")
+    out = tmp_path_factory.mktemp("roofline") / "decode_step.json"
+    threads = torch.get_num_threads()
+    try:  # one thread: fast on a busy machine; --warm-cache: leave Inductor's config alone
+        code = bench.main(["--quick", "--variants", "torchair-fx", "--batch", "1", "3",
+                           "--steps", "2", "--rounds", "2", "--profile-steps", "2",
+                           "--warm-cache", "--threads", "1", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def test_floor_fields_and_multiples(payload):
+    assert [r["batch"] for r in payload["results"]] == [1, 3]
+    for res in payload["results"]:
+        floor = res["floor"]
+        assert floor["floor_us"] > 0 and floor["gemv_us"]["median"] > 0
+        assert floor["read_bandwidth_gb_per_s"] > 0 and floor["kv_bytes_per_step"] > 0
+        assert floor["weight_bytes"] > 0 and "torch.sum" in floor["read_bandwidth"]["method"]
+        assert math.isclose(floor["floor_us"], floor["gemv_us"]["median"] + floor["kv_us"])
+        assert math.isclose(floor["kv_us"], floor["kv_bytes_per_step"]
+                            / floor["read_bandwidth_gb_per_s"] / 1e3)
+        assert set(res["variants"]) == {"eager", "torchair-fx"}  # the floor is no variant
+        for v in res["variants"].values():
+            assert math.isclose(v["x_floor"], v["per_step_us"]["median"] / floor["floor_us"])
+            assert v["x_floor_paired"]["n_rounds"] == 2 and v["x_floor_paired"]["median"] > 0
+
+
+def test_kv_bytes_follow_the_lengths(payload):
+    """Every step reads at least 2 positions per sequence (lengths start at >= 2)."""
+    cfg = payload["config"]
+    per_position = 2 * cfg["layers"] * cfg["kv_heads"] * cfg["head_dim"] * 4  # float32
+    for res in payload["results"]:
+        assert res["floor"]["kv_bytes_per_step"] >= 2 * res["batch"] * per_position
+
+
+def test_profile_table_in_json(payload):
+    for res in payload["results"]:
+        prof = res["profile"]
+        assert prof["variant"] == "torchair-fx" and prof["steps"] == 2
+        ops = prof["ops"]
+        assert ops and all(r["calls_per_step"] > 0 for r in ops)
+        per_step = [r["self_cpu_us_per_step"] for r in ops]
+        assert per_step == sorted(per_step, reverse=True)
+        for r in ops:
+            assert math.isclose(r["self_cpu_us_per_step"],
+                                r["self_cpu_us_per_call"] * r["calls_per_step"], rel_tol=1e-9)
+        assert any(r["name"] == "aten::mm" for r in ops)
+        assert math.isclose(sum(r["self_cpu_share"] for r in ops), 1.0, rel_tol=1e-6)
+
+
+def test_op_table_and_formatting_from_a_small_profile():
+    P = _load("_profile")
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    prof = P.profile_steps(lambda i: (a @ b).relu_(), range(4))
+    rows = P.op_table(prof, 4)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["aten::mm"]["calls_per_step"] == 1
+    assert by_name["aten::relu_"]["calls_per_step"] == 1
+    text = P.format_op_table(rows, top=1)
+    assert text.splitlines()[0].startswith("op") and "more ops" in text
+    md = P.op_table_markdown(rows, top=None)
+    assert md.startswith("| op |") and "`aten::mm`" in md
+    with pytest.raises(ValueError):
+        P.op_table(prof, 0)
+
+
+def test_roofline_helpers():
+    from torchair.demo._roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
+    assert kv_read_bytes([3, 5], kv_hidden=4, layers=2, itemsize=4) == 2 * 2 * 4 * 4 * 8
+    assert floor_us(10.0, 2e4, 1.0) == pytest.approx(30.0)  # 2e4 B at 1 GB/s = 20 us
+    assert x_floor(50.0, 25.0) == 2.0 and x_floor(None, 1.0) is None and x_floor(1.0, 0) is None
+    lin = torch.nn.Sequential(torch.nn.Linear(4, 6, bias=False), torch.nn.Linear(6, 4))
+    g = GemvFloor.of_module(lin, batch=2)
+    assert g.weight_bytes == (24 + 24) * 4 and sorted(g.inputs) == [4, 6]
+    assert g.weights[0] is lin[0].weight  # the model's own tensors
+    g()
