@@ -150,6 +150,38 @@ def test_split_counts(num_splits):
 
 
 @interp
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("block_size", [0, 16, 8])  # 0: contiguous cache
+def test_masked_garbage_never_reaches_the_result(block_size, value):
+    """NaN/+inf in every position outside the windows, under the mask and in unused blocks (K
+    and V) give the reference's result on the caches with those positions zeroed."""
+    q, k, v, _, g = _case(heads=4, nkv=2, seq=32, seed=7)
+    lengths, start = torch.tensor([9, 20]), torch.tensor([5, 12])
+    mask = torch.rand(2, 32, generator=g) < 0.3
+    pos = torch.arange(32)[None]
+    window = (pos >= start[:, None]) & (pos < (start + lengths)[:, None])
+    keep = window & ~mask
+    kw = dict(lengths=lengths, kv_start=start, mask=mask, scale=0.25)
+    ref = decode_attention_reference(q, k.masked_fill(~keep[:, None, :, None], 0),
+                                     v.masked_fill(~keep[:, None, :, None], 0), **kw)
+    kp = k.masked_fill(~keep[:, None, :, None], value)
+    vp = v.masked_fill(~keep[:, None, :, None], value)
+    if block_size:
+        table = block_table(2, 32, block_size, g)
+        used = window.reshape(2, -1, block_size).any(-1)
+        kp = to_blocks(kp, block_size, table).fill_(value)
+        kp[table[used].long()] = to_blocks(k.masked_fill(~keep[:, None, :, None], value),
+                                           block_size, table)[table[used].long()]
+        vp_blocks = to_blocks(vp, block_size, table)
+        vp = torch.full_like(vp_blocks, value)
+        vp[table[used].long()] = vp_blocks[table[used].long()]
+        kw["block_table"] = table.masked_fill(~used, -1)  # unused columns: any id
+    out = dt.decode_attention_triton(q, kp, vp, num_splits=2, block_n=16, **kw)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
+
+
+@interp
 def test_default_heuristics_and_strided_q():
     """Default launch parameters (no overrides) and a non-contiguous q (a BSH-style view)."""
     q, k, v, _, _ = _case(batch=2, heads=4, nkv=2, seq=32, dim=16, dtype=torch.float16, seed=11)

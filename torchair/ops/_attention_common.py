@@ -10,6 +10,8 @@ import dataclasses
 
 import torch
 
+from torchair.ops import _device_checks
+
 LAYOUT_RANKS = {"BSH": 3, "BNSD": 4, "BSND": 4}
 MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
 MAX_GQA_RATIO = 64
@@ -159,7 +161,9 @@ def normalize_atten_mask(op: str, atten_mask: torch.Tensor, dims: AttentionDims,
 def seq_lengths_tensor(op: str, lengths, batch: int, device: torch.device) -> torch.Tensor | None:
     """``actual_seq_lengths`` (list of ints or a 1-D integer tensor) as an int64 device tensor.
 
-    Only the length of the sequence is checked; the values are never read on the host.
+    The count is checked here; a tensor's values must be >= 0, checked by
+    :func:`torchair.ops._device_checks.check_nonnegative_lengths` (a CPU tensor is read on the
+    host; a CUDA tensor inside a graph capture is checked by a device flag, never read there).
     """
     if lengths is None:
         return None
@@ -178,6 +182,7 @@ def seq_lengths_tensor(op: str, lengths, batch: int, device: torch.device) -> to
         raise ValueError(f"{op}: actual_seq_lengths has {count} entries; expected B={batch} "
                          f"(one per batch) or 1 (shared by all batches)")
     if isinstance(lengths, torch.Tensor):
+        _device_checks.check_nonnegative_lengths(op, "actual_seq_lengths", lengths)
         return lengths.to(torch.int64)
     return torch.tensor(lengths, dtype=torch.int64, device=device)
 
@@ -208,6 +213,12 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     head ``h`` reads kv head ``h // (N // N_kv)``), ``masked`` and the additive ``bias`` (e.g. a
 positional ``pse_shift``) broadcast to ``[B, N, S_q, S_kv]``.
     A row with every position masked yields zeros. Returns ``[B, N, S_q, D]`` in the compute dtype.
+
+    Masked positions are never read into the result: their scores are replaced (``masked_fill``,
+    so a NaN/inf key or bias there never reaches the max), and the value rows of positions that
+    every query row and head of a kv group masks (KV window, lengths, padding, unused blocks,
+    a per-batch mask) are replaced by zeros before ``probs @ v`` (0 * NaN would be NaN). A
+    position some row of the group keeps is data of the batch and is used as it is.
     """
     b, n, s_q, d = q.shape
     n_kv, s_kv = k.shape[1], k.shape[2]
@@ -228,6 +239,18 @@ positional ``pse_shift``) broadcast to ``[B, N, S_q, S_kv]``.
     # Any row with an unmasked position has sum >= 1 (its max contributes exp(0) = 1); a fully
     # masked row has sum 0 and, divided by 1, stays all zeros.
     probs = probs / probs.sum(dim=-1, keepdim=True).clamp_min(1.0)
+    if masked is not None:
+        v = v.masked_fill(_dead_positions(masked, n_kv, s_kv)[..., None], 0)
     out = torch.matmul(probs.view(b, n_kv, group * s_q, s_kv), v.to(compute))
     return out.view(b, n, s_q, d)
 
+
+
+def _dead_positions(masked: torch.Tensor, n_kv: int, s_kv: int) -> torch.Tensor:
+    """``[B or 1, N_kv or 1, S_kv]`` bool: positions ``masked`` (broadcastable to
+    ``[B, N, S_q, S_kv]``) masks for every query row and every head of the kv group."""
+    m = masked.expand(*masked.shape[:-1], s_kv)
+    batch, heads, rows = m.shape[:3]
+    if heads == 1:
+        return m.all(dim=2)
+    return m.reshape(batch, n_kv, (heads // n_kv) * rows, s_kv).all(dim=2)

@@ -27,6 +27,8 @@ from typing import Callable
 
 import torch
 
+from torchair.ops import _device_checks
+
 _kernels: dict[str, Callable] = {}
 
 
@@ -57,10 +59,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def dense_kv(cache: torch.Tensor, block_table: torch.Tensor | None,
              scale: torch.Tensor | None, offset: torch.Tensor | None) -> torch.Tensor:
     """The logical float32 KV of every sequence, [B, Nkv, S, D]: paged blocks gathered, int8
-    dequantized."""
+    dequantized. Block ids are clamped into the cache for the gather: the caller has checked the
+    ids of the columns its windows read (:func:`torchair.ops._device_checks.check_block_ids`),
+    so only unused columns (any value, e.g. -1) are clamped, and their positions are masked."""
     if block_table is not None:
         batch, max_blocks = block_table.shape
-        blocks = cache[block_table.long().reshape(-1)]  # [B * max_blocks, Nkv, bs, D]
+        ids = block_table.long().clamp(0, max(cache.shape[0] - 1, 0))
+        blocks = cache[ids.reshape(-1)]  # [B * max_blocks, Nkv, bs, D]
         _, nkv, block_size, dim = blocks.shape
         cache = blocks.reshape(batch, max_blocks, nkv, block_size, dim).permute(0, 2, 1, 3, 4)
         cache = cache.reshape(batch, nkv, max_blocks * block_size, dim)
@@ -81,7 +86,17 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                                k_offset: torch.Tensor | None = None,
                                v_scale: torch.Tensor | None = None,
                                v_offset: torch.Tensor | None = None) -> torch.Tensor:
-    """The oracle of :func:`decode_attention` (see module doc)."""
+    """The oracle of :func:`decode_attention` (see module doc).
+
+    Masked positions are never read into the result: their scores are replaced (so a NaN/inf K
+    never reaches the max) and their V rows are replaced by zeros before the weighted sum.
+    """
+    start = kv_start.long() if kv_start is not None else torch.zeros_like(lengths)
+    if block_table is not None:
+        seq = block_table.shape[1] * k_cache.shape[2]
+        lo = start.clamp(0, seq)
+        _device_checks.check_block_ids(block_table, lo, (start + lengths.long()).clamp(0, seq),
+                                       k_cache.shape[2], k_cache.shape[0])
     k = dense_kv(k_cache, block_table, k_scale, k_offset)
     v = dense_kv(v_cache, block_table, v_scale, v_offset)
     batch, heads, dim = q.shape
@@ -90,7 +105,6 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     qf = q.float().reshape(batch, nkv, group, dim)
     scores = torch.einsum("bhgd,bhsd->bhgs", qf, k) * scale  # [B, Nkv, G, S]
     positions = torch.arange(kv_len, device=q.device)
-    start = kv_start.long() if kv_start is not None else torch.zeros_like(lengths)
     keep = (positions[None, :] >= start[:, None]) & \
         (positions[None, :] < (start + lengths.long())[:, None])  # [B, S]
     if mask is not None:
@@ -99,5 +113,6 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     peak = scores.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
     weights = torch.exp(scores - peak)
     total = weights.sum(-1, keepdim=True)
+    v = v.masked_fill(~keep[:, None, :, None], 0.0)  # 0 * NaN would be NaN
     out = torch.einsum("bhgs,bhsd->bhgd", weights, v) / total.clamp_min(1e-30)
     return out.reshape(batch, heads, dim).to(q.dtype)

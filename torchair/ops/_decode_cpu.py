@@ -16,6 +16,8 @@ How the BLAS path runs (one call):
 
 * The lengths / starts are read on the host (a CPU kernel never runs inside a CUDA graph) to find
   the window ``[lo, hi)`` of positions any sequence attends; the rest of the cache is never read.
+  Positions of that window a row does not attend (its own window, the mask) get ``-inf`` scores
+  and zero V rows, so NaN/inf stored there never reaches the result.
 * The window is walked in chunks of ``C`` positions (a Python loop over chunks only; batch and
   heads are batch dimensions of every op). Per chunk, for all ``B * Nkv`` (batch, kv head) pairs
   at once: ``scores = K_chunk @ q^T`` (``torch.bmm``: ``q`` is viewed as ``[B * Nkv, G, D]``,
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops import _decode_native
+from torchair.ops import _decode_native, _device_checks
 from torchair.ops._decode import register_decode_kernel
 
 CHUNK_SIZE: int | None = None
@@ -94,7 +96,8 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
         return torch.zeros(batch, heads, dim, dtype=q.dtype)
     mask_b = mask.detach().to("cpu").bool() if mask is not None else None
     if paged:
-        _check_block_ids(block_table, lo_b, hi_b, block_size, k_cache.shape[0])
+        _device_checks.check_block_ids(block_table.detach().to("cpu"), lo_b, hi_b, block_size,
+                                       k_cache.shape[0])
 
     # native kernel when it takes these arguments: rows b-major; else BLAS (paged rows h-major)
     h_major = False
@@ -118,21 +121,6 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     if h_major:
         out = out.reshape(nkv, batch, group, dim).transpose(0, 1)
     return out.reshape(batch, heads, dim).to(q.dtype)
-
-
-def _check_block_ids(block_table: torch.Tensor, lo_b: torch.Tensor, hi_b: torch.Tensor,
-                     block_size: int, num_blocks: int) -> None:
-    """Every block a window reads must exist (a bad id would read outside the cache)."""
-    table = block_table.detach().to("cpu", torch.long)
-    col = torch.arange(table.shape[1])[None, :]
-    used = (col >= (lo_b // block_size)[:, None]) & (col < (-(-hi_b // block_size))[:, None])
-    bad = used & ((table < 0) | (table >= num_blocks))
-    if bool(bad.any()):
-        b, c = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"block_table[{b}, {c}] = {int(table[b, c])} is not a block of the KV "
-                         f"cache (it has {num_blocks} blocks, ids 0..{num_blocks - 1}), but "
-                         f"sequence {b} reads positions [{int(lo_b[b])}, {int(hi_b[b])}) of "
-                         f"it; fix the block table")
 
 
 def _query_rows(q: torch.Tensor, nkv: int, k_scale: torch.Tensor | None,
@@ -177,7 +165,9 @@ def _blas_decode(qf: torch.Tensor, score_bias: torch.Tensor | None, k_cache: tor
     if paged:
         k_heads = k_cache.transpose(0, 1)  # [Nkv, num_blocks, bs, D]
         v_heads = v_cache.transpose(0, 1)
-        table = block_table.detach().to("cpu", torch.long)
+        # ids of the windows' columns are checked; other columns may hold anything (-1, stale
+        # ids): clamped for the gather, their positions are masked and their V rows zeroed
+        table = block_table.detach().to("cpu", torch.long).clamp(0, k_cache.shape[0] - 1)
 
     m = torch.full((rows, group), float("-inf"))
     m_new = torch.empty(rows, group)  # the running max and its update swap buffers per chunk
@@ -207,12 +197,15 @@ def _blas_decode(qf: torch.Tensor, score_bias: torch.Tensor | None, k_cache: tor
             drop = (pos < lo_b[:, None]) | (pos >= hi_b[:, None])  # [B, C]
             if mask_b is not None:
                 drop |= mask_b[:, c0:c1]
-            if paged:
-                s.view(nkv, batch, group, width).masked_fill_(drop[None, :, None, :],
-                                                              float("-inf"))
-            else:
-                s.view(batch, nkv, group, width).masked_fill_(drop[:, None, None, :],
-                                                              float("-inf"))
+            # [rows, C] in the chunk's row order
+            drop_rows = (drop[None] if paged else drop[:, None]).expand(
+                *((nkv, batch) if paged else (batch, nkv)), width).reshape(rows, width)
+            s.masked_fill_(drop_rows[:, None, :], float("-inf"))
+            # masked V rows must not reach acc (0 * NaN = NaN): zeros, in place in our buffer
+            if v_buf is not None:
+                vc.masked_fill_(drop_rows[:, :, None], 0.0)
+            else:  # a view of the cache: never written
+                vc = vc.masked_fill(drop_rows[:, :, None], 0.0)
         # online softmax update, small ops into preallocated buffers (no per-chunk allocation)
         torch.amax(s, 2, out=part)
         torch.maximum(m, part, out=m_new).clamp_min_(_NEG_BIG)

@@ -38,6 +38,7 @@ import math
 
 import torch
 
+from torchair.ops import _device_checks
 from torchair.ops._decode import register_decode_kernel
 # Triton is optional: without it (HAS_TRITON False) the CUDA decode falls back to the reference.
 from torchair.ops._triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2, sm_count,
@@ -118,7 +119,13 @@ def _attend_chunk(q, m_i, l_i, acc, n0, lo, my_hi, K, V, Table, Mask, ks, ko, vs
         k_base = b64 * stride_kb + pos * 0
         v_base = b64 * stride_vb + pos * 0
         slot = pos
-    kv_ok = n_ok[:, None] & d_ok[None, :]
+    keep = n_ok
+    if HAS_MASK:
+        mk = tl.load(Mask + b64 * stride_mb + pos * stride_ms, mask=n_ok, other=1)
+        keep = keep & (mk == 0)
+    # masked positions are never loaded (other=0): NaN/inf stored there cannot reach the max of
+    # the scores nor acc (0 * NaN = NaN)
+    kv_ok = keep[:, None] & d_ok[None, :]
 
     k = tl.load(K + (k_base + hk * stride_kh + slot * stride_ks)[:, None]
                 + offs_d[None, :] * stride_kd, mask=kv_ok, other=0)
@@ -128,16 +135,12 @@ def _attend_chunk(q, m_i, l_i, acc, n0, lo, my_hi, K, V, Table, Mask, ks, ko, vs
             kf = kf + ko[None, :]
         if HAS_KS:
             kf = kf * ks[None, :]
-        k = kf
+        k = tl.where(kv_ok, kf, 0.0)
     if DOT_F32:
         k = k.to(tl.float32)
     else:
         k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N], log2
-    keep = n_ok
-    if HAS_MASK:
-        mk = tl.load(Mask + b64 * stride_mb + pos * stride_ms, mask=n_ok, other=1)
-        keep = keep & (mk == 0)
     s = tl.where(keep[None, :], s, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -154,7 +157,7 @@ def _attend_chunk(q, m_i, l_i, acc, n0, lo, my_hi, K, V, Table, Mask, ks, ko, vs
             vf = vf + vo[None, :]
         if HAS_VS:
             vf = vf * vs[None, :]
-        v = vf
+        v = tl.where(kv_ok, vf, 0.0)
     if DOT_F32:
         v = v.to(tl.float32)
         pv = p
@@ -324,6 +327,11 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_size = 1
         seq = k_cache.shape[2]
     device = q.device
+    if block_table is not None:  # the ids of the columns a window reads (no host read in capture)
+        start = kv_start.long() if kv_start is not None else torch.zeros_like(lengths.long())
+        lo = start.clamp(0, seq)
+        _device_checks.check_block_ids(block_table, lo, (start + lengths.long()).clamp(0, seq),
+                                       block_size, k_cache.shape[0])
     interpret = launch_mode(device, "decode_attention_triton")
     cfg = choose_launch(batch, nkv, group, seq, dim, sm_count(device))
     if block_n is not None:

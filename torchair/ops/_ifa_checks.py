@@ -1,9 +1,10 @@
 """Validation of ``npu_incre_flash_attention`` arguments: every constraint of the torch_npu contract.
 
 :func:`validate` checks shapes, dtypes and argument combinations and returns an :class:`IfaPlan`
-that the reference and eager kernels follow. Values of device tensors are never read; the only
-value checks (negative lengths, block_table columns and blocknum versus the lengths) run when
-``actual_seq_lengths`` is a host list. Every error is a ``ValueError`` that names the argument, the
+that the reference and eager kernels follow. Host lists are checked here (negative lengths,
+block_table columns and blocknum versus the lengths); tensor lengths (the twin) are checked for
+negative values by :mod:`torchair.ops._device_checks` (no host read inside a CUDA graph capture),
+and block ids by :func:`torchair.ops._ifa_compute.checked_block_table` the same way. Every error is a ``ValueError`` that names the argument, the
 value received and the rule.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Sequence
 import torch
 
 from torchair.ops import _attention_common as _common
+from torchair.ops import _device_checks
 
 OP = "npu_incre_flash_attention"
 LENGTH_DTYPES = (torch.int64, torch.int32)
@@ -85,7 +87,7 @@ def _host_lengths(actual_seq_lengths, batch: int) -> list[int] | None:
                    f"(one per batch) or 1 (shared by all batches)")
     for i, x in enumerate(lengths):
         if x < 0:
-            raise _err(f"actual_seq_lengths[{i}]={x} must be >= 0")
+            raise _device_checks.negative_length_error(OP, "actual_seq_lengths", i, x)
     return lengths * batch if len(lengths) == 1 else lengths
 
 

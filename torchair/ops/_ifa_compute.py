@@ -10,15 +10,28 @@ import torch
 
 from torchair.ops import _attention_common as _common
 from torchair.ops._decode import decode_attention
-from torchair.ops._ifa_checks import IfaPlan
+from torchair.ops import _device_checks
+from torchair.ops._ifa_checks import OP, IfaPlan
 
 
-def safe_block_table(block_table: torch.Tensor, num_blocks: int) -> torch.Tensor:
-    """``block_table`` with entries clamped into ``[0, num_blocks)``.
+def checked_block_table(block_table: torch.Tensor, num_blocks: int, plan: IfaPlan
+                        ) -> torch.Tensor:
+    """``block_table`` after checking every id a sequence reads, then clamped for gathers.
 
-    Entries past a sequence's needed blocks may hold anything (-1, stale ids); their positions
-    are masked, but a gather must not fault on them.
+    The columns of each window (:func:`kv_window`) must hold ids in ``[0, num_blocks)``, else a
+    ``ValueError`` names ``block_table[b, c]`` (:func:`torchair.ops._device_checks.check_block_ids`:
+    read on the host for CPU tensors and outside a CUDA graph capture; a device flag inside one).
+    Other columns may hold anything (-1, stale ids): only those are changed by the clamp, and their
+    positions are masked.
     """
+    window = kv_window(plan)
+    if window is None:  # no lengths: every position of every column is read
+        lo = torch.zeros(1, dtype=torch.int64, device=block_table.device)
+        hi = torch.full_like(lo, plan.dims.kv_len)
+    else:
+        lo, hi = window
+    block_size = plan.dims.kv_len // max(block_table.shape[1], 1)
+    _device_checks.check_block_ids(block_table, lo, hi, block_size, num_blocks, op=OP)
     return block_table.clamp(0, max(num_blocks - 1, 0))
 
 
@@ -29,7 +42,7 @@ def dense_kv(cache: torch.Tensor, plan: IfaPlan, block_table: torch.Tensor | Non
     if not plan.paged:
         return _common.to_bnsd(cache, plan.layout, dims.num_kv_heads)
     batch = block_table.shape[0]
-    blocks = cache[safe_block_table(block_table, cache.shape[0]).long()]
+    blocks = cache[checked_block_table(block_table, cache.shape[0], plan).long()]
     if plan.cache_4d:  # [B, MB, N_kv, bs, D]
         blocks = blocks.permute(0, 2, 1, 3, 4)
         return blocks.reshape(batch, dims.num_kv_heads, dims.kv_len, dims.head_dim)
@@ -143,7 +156,7 @@ def decode_path(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pla
         mask = plan.mask.reshape(plan.mask.shape[0], s_kv).expand(batch, s_kv).contiguous()
     table = None
     if block_table is not None:
-        table = safe_block_table(block_table, key.shape[0]).contiguous()
+        table = checked_block_table(block_table, key.shape[0], plan).contiguous()
     out = decode_attention(
         q, canonical_cache(key, plan), canonical_cache(value, plan), lengths=lengths,
         scale=float(scale_value), kv_start=start if plan.kv_padding is not None else None,

@@ -59,7 +59,7 @@ import torch
 
 from torchair.ops import _attention_common as _common
 from torchair.ops import _ifa_compute as _compute
-from torchair.ops._fia_checks import INT_MAX, OP, FiaPlan, KvQuant, validate
+from torchair.ops._fia_checks import INT_MAX, OP, FiaPlan, KvQuant, _as_fia, validate
 from torchair.ops._registry import define_op, register_value_dependent
 
 __all__ = ["fused_infer_attention_score_reference", "npu_fused_infer_attention_score",
@@ -252,10 +252,11 @@ def _empty_lse(query: torch.Tensor) -> torch.Tensor:
 def _run(a: dict, *, fast: bool):
     plan = validate(a)
     want_lse = bool(a["softmax_lse_flag"])
-    out = _decode(a, plan) if fast else None
-    lse = None
-    if out is None:
-        out, lse = _reference(a, plan, want_lse)
+    with _as_fia():  # block ids are checked by IFA's compute helpers: errors under this op's name
+        out = _decode(a, plan) if fast else None
+        lse = None
+        if out is None:
+            out, lse = _reference(a, plan, want_lse)
     return _finish(out, a, plan), (lse if want_lse else _empty_lse(a["query"]))
 
 

@@ -13,12 +13,15 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchair.ops import _device_checks
 from torchair.plan.analysis import HOST_SYNC_OPS
 
 
 class NoHostSync(TorchDispatchMode):
     """Rejects ops that read device data on the host: the CPU emulation's stand-in for what a
     CUDA graph capture forbids, so CPU tests catch an uncapturable launch function."""
+
+    emulates_capture = True  # value checks of ops (torchair.ops._device_checks) use device flags
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in HOST_SYNC_OPS:
@@ -58,8 +61,9 @@ def capture_emulated(fn: Callable, args: list):
     static_outputs = copy_outputs(first, storage_groups(first))
 
     def replay() -> None:
-        with NoHostSync():
+        with _device_checks.collect() as checks, NoHostSync():
             outputs = fn(args)
+        _device_checks.raise_captured_errors(checks)  # a bad value raises as in eager
         for buf, out in zip(static_outputs, outputs):
             if isinstance(buf, torch.Tensor):
                 buf.copy_(out)
@@ -80,6 +84,13 @@ def capture_cuda(fn: Callable, args: list, pool: Any, device: torch.device):
             if isinstance(out, torch.Tensor):
                 out.record_stream(current)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with _device_checks.collect() as checks, torch.cuda.graph(graph, pool=pool):
             static_outputs = list(fn(args))
-    return graph.replay, static_outputs, first
+    if not checks:
+        return graph.replay, static_outputs, first
+
+    def replay() -> None:
+        graph.replay()
+        _device_checks.raise_captured_errors(checks)  # value checks of ops: flags read here
+
+    return replay, static_outputs, first

@@ -125,7 +125,11 @@ static inline const char *row_ptr(const args_t *a, const char *base, int b, int 
     return base + off * a->esize;
 }
 
-/* Shared by the qk tile definitions below (macros: they expand inside them, with NB and GB
+/* Only positions of a row's window [lo, hi) are ever addressed. Positions the mask drops are
+ * read by qk (their scores are then replaced by -FLT_MAX before the max, so NaN/inf K there
+ * never reaches the softmax) but never by pv (their V rows are skipped).
+ *
+ * Shared by the qk tile definitions below (macros: they expand inside them, with NB and GB
  * compile-time constants of each instantiation).
  * TILE_ROWS: the K rows of positions c0 + n .. c0 + n + NB - 1 (past w: position n again,
  * harmless), prefetches of their V rows (read by pv after the chunk's scores) and of the K rows
@@ -170,7 +174,7 @@ static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int6
     }                                                                                             \
 }                                                                                                 \
 static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, int g0,           \
-                             const float *S, float *acc) {                                        \
+                             const float *S, const uint8_t *drop, float *acc) {                   \
     enum { DT = 16 / GB };                                                                        \
     const int D = a->D;                                                                           \
     for (int d0 = 0; d0 < D; d0 += 16 * DT) {                                                     \
@@ -179,6 +183,7 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
         for (int j = 0; j < GB; j++) for (int t = 0; t < DT; t++) r[j][t] = (v16){0};             \
         if (nd == DT) {                                                                           \
             for (int n = 0; n < w; n++) {                                                         \
+                if (drop && drop[n]) continue;                                                    \
                 const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
                 v16 x[DT];                                                                        \
                 for (int t = 0; t < DT; t++) x[t] = LOAD(vr, d0 + 16 * t);                        \
@@ -189,6 +194,7 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
             }                                                                                     \
         } else {                                                                                  \
             for (int n = 0; n < w; n++) {                                                         \
+                if (drop && drop[n]) continue;                                                    \
                 const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
                 for (int t = 0; t < nd; t++) {                                                    \
                     v16 x = LOAD(vr, d0 + 16 * t);                                                \
@@ -215,7 +221,8 @@ DEFINE_KIND(f16, LOAD_F16)
 DEFINE_KIND(i8, LOAD_I8)
 
 typedef void (*qk_fn)(const args_t *, const float *, int, int, int64_t, int, int, float *);
-typedef void (*pv_fn)(const args_t *, int, int, int64_t, int, int, const float *, float *);
+typedef void (*pv_fn)(const args_t *, int, int, int64_t, int, int, const float *,
+                      const uint8_t *, float *);
 static const qk_fn QK[4][4] = {{qk_f32_1, qk_f32_2, qk_f32_4, qk_f32_8},
                                {qk_bf16_1, qk_bf16_2, qk_bf16_4, qk_bf16_8},
                                {qk_f16_1, qk_f16_2, qk_f16_4, qk_f16_8},
@@ -318,7 +325,8 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
             m[g] = m_new;
             if (alpha != 1.0f) for (int d = 0; d < D; d++) acc[(int64_t)g * D + d] *= alpha;
         }
-        for (int g0 = 0; g0 < G; g0 += GB) pv(a, b, h, c0, w, g0, S, acc);
+        /* masked positions: weight 0, but 0 * NaN = NaN: their V rows are never read */
+        for (int g0 = 0; g0 < G; g0 += GB) pv(a, b, h, c0, w, g0, S, drop, acc);
     }
 }
 
