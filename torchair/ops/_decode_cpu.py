@@ -129,10 +129,8 @@ def _check_block_ids(block_table: torch.Tensor, lo_b: torch.Tensor, hi_b: torch.
     bad = used & ((table < 0) | (table >= num_blocks))
     if bool(bad.any()):
         b, c = (int(i) for i in bad.nonzero()[0])
-        raise ValueError(f"block_table[{b}, {c}] = {int(table[b, c])} is not a block of the KV "
-                         f"cache (it has {num_blocks} blocks, ids 0..{num_blocks - 1}), but "
-                         f"sequence {b} reads positions [{int(lo_b[b])}, {int(hi_b[b])}) of "
-                         f"it; fix the block table")
+        raise _decode_native.bad_block_error([b, c, int(table[b, c])], num_blocks, int(lo_b[b]),
+                                             int(hi_b[b]))
 
 
 def _query_rows(q: torch.Tensor, nkv: int, k_scale: torch.Tensor | None,

@@ -129,7 +129,8 @@ typedef struct {
     const char *k, *v;       /* base pointers */
     int kind, esize;         /* K/V element kind and size in bytes */
     int64_t sb, sh, sp;      /* element strides: batch (dense) or block (paged), head, position */
-    const int64_t *table;    /* [B, max_blocks] or NULL (dense) */
+    const int64_t *table;    /* [B, max_blocks] int64, or NULL */
+    const int32_t *table32;  /* ... or int32 (torch_npu's block_table dtype); both NULL: dense */
     int64_t table_stride, block_size;
     const int64_t *lo, *hi;  /* [B] attended window */
     const uint8_t *mask;     /* [B, mask_stride] 1 = masked out, or NULL */
@@ -140,8 +141,9 @@ typedef struct {
 
 static inline const char *row_ptr(const args_t *a, const char *base, int b, int h, int64_t p) {
     int64_t off;
-    if (a->table) {
-        int64_t blk = a->table[b * a->table_stride + p / a->block_size];
+    if (a->table || a->table32) {
+        int64_t at = b * a->table_stride + p / a->block_size;
+        int64_t blk = a->table32 ? a->table32[at] : a->table[at];
         off = blk * a->sb + h * a->sh + (p % a->block_size) * a->sp;
     } else {
         off = b * a->sb + h * a->sh + p * a->sp;
@@ -363,21 +365,44 @@ static void run_item(const args_t *a, int item) {
     memset(acc, 0, sizeof(float) * G * D);
 }
 
-/* Returns 0, or -1 when the shapes are outside what this kernel takes (the caller falls back). */
+/* The block ids every row's window reads must name blocks of the cache: returns 0, or -2 with
+ * err = {b, c, id} for the first bad block_table[b, c] (ids in columns no window reaches may be
+ * anything, e.g. -1). */
+static int check_blocks(const args_t *a, int batch, int64_t num_blocks, int64_t *err) {
+    for (int b = 0; b < batch; b++) {
+        if (a->hi[b] <= a->lo[b]) continue;
+        for (int64_t c = a->lo[b] / a->block_size; c < (a->hi[b] + a->block_size - 1) / a->block_size;
+             c++) {
+            int64_t at = b * a->table_stride + c;
+            int64_t id = a->table32 ? a->table32[at] : a->table[at];
+            if (id < 0 || id >= num_blocks) {
+                err[0] = b; err[1] = c; err[2] = id;
+                return -2;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Returns 0; -1 when the shapes are outside what this kernel takes (the caller falls back); -2
+ * when a block id is bad (err = {b, c, id}, nothing computed). table_i32: table holds int32. */
 int torchair_decode_attention(const float *q, const float *bias, const void *k, const void *v,
                               int kind, int64_t sb, int64_t sh, int64_t sp,
-                              const int64_t *table, int64_t table_stride, int64_t block_size,
+                              const void *table, int table_i32, int64_t table_stride,
+                              int64_t block_size, int64_t num_blocks,
                               const int64_t *lo, const int64_t *hi,
                               const uint8_t *mask, int64_t mask_stride,
                               int batch, int nkv, int G, int D, int splits, int nthreads,
                               float *part_m, float *part_l, float *part_acc,
-                              float *out, float *out_l, float scale, int q_bf16) {
+                              float *out, float *out_l, float scale, int q_bf16, int64_t *err) {
     static const int esize[4] = {4, 2, 2, 1};
     if (G < 1 || G > MAX_G || D < 16 || D > MAX_D || D % 16 || kind < 0 || kind > 3 || splits < 1)
         return -1;
     args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh,
-                sp, table, table_stride, block_size, lo, hi, mask, mask_stride, batch * nkv, nkv,
-                G, D, splits, part_m, part_l, part_acc};
+                sp, table && !table_i32 ? (const int64_t *)table : NULL,
+                table && table_i32 ? (const int32_t *)table : NULL, table_stride, block_size, lo,
+                hi, mask, mask_stride, batch * nkv, nkv, G, D, splits, part_m, part_l, part_acc};
+    if (table && check_blocks(&a, batch, num_blocks, err)) return -2;
     int items = a.rows * splits;
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;
