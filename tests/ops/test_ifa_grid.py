@@ -150,10 +150,11 @@ def test_tensor_lengths_never_read_on_host(kw, monkeypatch):
     .tolist(), bool(tensor), nonzero... (the CPU stand-in of a CUDA graph capture). The decode
     step goes to the canonical decode reference: a CPU fast kernel may plan on the host (a CPU
     is never graph-captured); what is checked here is the op's own code around it."""
-    from torchair.ops import _decode, _ifa_compute
+    from torchair.ops import _decode, _ifa_compute, _ifa_fast
     from torchair.ops.incre_flash_attention import _eager
     from torchair.runtime.capture import NoHostSync
     monkeypatch.setattr(_ifa_compute, "decode_attention", _decode.decode_attention_reference)
+    monkeypatch.setattr(_ifa_fast, "ENABLED", False)  # the CPU fast path reads CPU lengths
     case = build_case(n_kv=2, dtype=torch.float16, **kw)
     twin_kwargs = _twin_kwargs(case.kwargs)
     with NoHostSync():

@@ -16,12 +16,13 @@ import functools
 
 import torch
 
-from torchair.ops import _native
+from torchair.ops import _device_checks, _native
 
-__all__ = ["available", "decode", "MIN_SPLIT"]
+__all__ = ["KINDS", "MAX_D", "MAX_G", "MIN_SPLIT", "available", "decode",
+           "kernel", "run", "work_split"]
 
-_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
-_MAX_G, _MAX_D = 64, 512
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}  # K/V dtypes
+MAX_G, MAX_D = 64, 512  # query heads per kv head, head dim
 MIN_SPLIT = 512            # fewest positions in one split of a row's window
 _SERIAL_WORK = 1024         # rows x positions under which one thread is used
 
@@ -34,6 +35,11 @@ def _library():
     return _native.load("decode_attention", symbols=_SYMBOLS)
 
 
+def kernel():
+    """The kernel's ctypes function (None when the library is not available)."""
+    return _function()
+
+
 @functools.lru_cache(maxsize=None)
 def _function():
     lib = _library()
@@ -41,8 +47,8 @@ def _function():
         return None
     fn = lib.torchair_decode_attention
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    fn.argtypes = [p, p, p, p, i, i64, i64, i64, p, i64, i64, p, p, p, i64,
-                   i, i, i, i, i, i, p, p, p, p, p, ctypes.c_float, i]
+    fn.argtypes = [p, p, p, p, i, i64, i64, i64, p, i, i64, i64, i64, p, p, p, i64,
+                   i, i, i, i, i, i, p, p, p, p, p, ctypes.c_float, i, p]
     fn.restype = ctypes.c_int
     return fn
 
@@ -78,9 +84,9 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
     masked out) or None. Returns (``[rows, G, D]`` normalized, ``[rows, G]`` softmax sums).
     """
     rows, group, dim = qf.shape
-    kind = _KINDS.get(k_cache.dtype)
+    kind = KINDS.get(k_cache.dtype)
     if (kind is None or v_cache.dtype != k_cache.dtype or k_cache.stride() != v_cache.stride()
-            or k_cache.stride(-1) != 1 or dim % 16 or dim > _MAX_D or group > _MAX_G
+            or k_cache.stride(-1) != 1 or dim % 16 or dim > MAX_D or group > MAX_G
             or k_cache.device.type != "cpu" or v_cache.device.type != "cpu"):
         return None
     if not available():
@@ -98,27 +104,50 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
     bias = score_bias.reshape(rows, group).contiguous() if score_bias is not None else None
 
     window = int((hi - lo).clamp_min(0).max())
+    threads, splits = work_split(rows, window)
+    block_size = k_cache.shape[2] if table is not None else 1
+    out, out_l, rc, err = run(fn, qf.data_ptr(), _ptr(bias), k_cache, v_cache, kind, _ptr(table),
+                              False, table.shape[1] if table is not None else 0, block_size,
+                              k_cache.shape[0], lo.data_ptr(), hi.data_ptr(), _ptr(mask_u8),
+                              mask_u8.shape[1] if mask_u8 is not None else 0, batch, nkv, group,
+                              dim, splits, threads, scale, q_bf16)
+    if rc == -2:  # the callers check the ids first; the kernel checks them again
+        raise _device_checks.block_id_error(None, table, err[0], err[1], k_cache.shape[0],
+                                            int(lo[err[0]]), int(hi[err[0]]))
+    if rc != 0:
+        return None
+    return out, out_l
+
+
+def work_split(rows: int, window: int) -> tuple[int, int]:
+    """(threads, splits per row) for ``rows`` rows of at most ``window`` positions."""
     threads = max(1, torch.get_num_threads())
     if rows * window < _SERIAL_WORK:
         threads = 1
     splits = 1
     if rows < 2 * threads:  # split long windows so every thread has work
         splits = max(1, min(-(-2 * threads // rows), window // MIN_SPLIT))
+    return threads, splits
+
+
+def run(fn, q_ptr: int, bias_ptr: int | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        kind: int, table_ptr: int | None, table_i32: bool, table_stride: int, block_size: int,
+        num_blocks: int, lo_ptr: int, hi_ptr: int, mask_ptr: int | None, mask_stride: int,
+        batch: int, nkv: int, group: int, dim: int, splits: int, threads: int, scale: float,
+        q_bf16: bool) -> tuple[torch.Tensor, torch.Tensor, int, list[int]]:
+    """One kernel call: ``(out [rows, G, D], softmax sums [rows, G], return code, err)``."""
+    rows = batch * nkv
     items = rows * splits
-    part_m = torch.empty(items, group)
-    part_l = torch.empty(items, group)
-    part_acc = torch.empty(items, group, dim)
+    # one scratch allocation: part_m [items, G], part_l [items, G], part_acc [items, G, D]
+    scratch = torch.empty(items * group * (dim + 2))
+    base = scratch.data_ptr()
     out = torch.empty(rows, group, dim)
     out_l = torch.empty(rows, group)
-    block_size = k_cache.shape[2] if table is not None else 1
-    rc = fn(qf.data_ptr(), _ptr(bias), k_cache.data_ptr(), v_cache.data_ptr(), kind,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            _ptr(table), table.shape[1] if table is not None else 0, block_size,
-            lo.data_ptr(), hi.data_ptr(), _ptr(mask_u8),
-            mask_u8.shape[1] if mask_u8 is not None else 0,
-            batch, nkv, group, dim, splits, threads,
-            part_m.data_ptr(), part_l.data_ptr(), part_acc.data_ptr(), out.data_ptr(),
-            out_l.data_ptr(), float(scale), int(q_bf16))
-    if rc != 0:
-        return None
-    return out, out_l
+    err = (ctypes.c_int64 * 3)()
+    rc = fn(q_ptr, bias_ptr, k_cache.data_ptr(), v_cache.data_ptr(), kind,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), table_ptr, int(table_i32),
+            table_stride, block_size, num_blocks, lo_ptr, hi_ptr, mask_ptr, mask_stride,
+            batch, nkv, group, dim, splits, threads, base, base + 4 * items * group,
+            base + 8 * items * group, out.data_ptr(), out_l.data_ptr(), float(scale),
+            int(q_bf16), ctypes.addressof(err))
+    return out, out_l, rc, list(err)

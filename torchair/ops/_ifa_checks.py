@@ -10,7 +10,6 @@ value received and the rule.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import torch
@@ -119,15 +118,22 @@ def _check_paged(query, key, block_table, block_size: int, actual_seq_lengths, k
                    f"{block_size}, num_key_value_heads={num_kv}, D={head_dim})")
     lengths = _host_lengths(actual_seq_lengths, batch)
     if lengths is not None:
-        needed = [math.ceil(x / block_size) for x in lengths]
-        if block_table.shape[1] < max(needed):
-            raise _err(f"block_table second dim {block_table.shape[1]} must be >= "
-                       f"maxBlockNumPerSeq={max(needed)} (ceil(max(actual_seq_lengths)="
-                       f"{max(lengths)} / block_size={block_size}))")
-        if key.shape[0] < sum(needed):
-            raise _err(f"KV cache blocknum {key.shape[0]} must be >= the blocks needed by all "
-                       f"batches, sum(ceil(actual_seq_lengths / block_size)) = {sum(needed)}")
+        check_paged_lengths(lengths, block_table.shape[1], key.shape[0], block_size)
     return block_table.shape[1] * block_size
+
+
+def check_paged_lengths(lengths: list[int], max_blocks: int, num_blocks: int,
+                        block_size: int) -> None:
+    """Page attention's value checks of the (non-negative) host lengths: the block table is wide
+    enough and the cache has enough blocks for all batches."""
+    needed = [-(-x // block_size) for x in lengths]
+    if max_blocks < max(needed):
+        raise _err(f"block_table second dim {max_blocks} must be >= maxBlockNumPerSeq="
+                   f"{max(needed)} (ceil(max(actual_seq_lengths)={max(lengths)} / block_size="
+                   f"{block_size}))")
+    if num_blocks < sum(needed):
+        raise _err(f"KV cache blocknum {num_blocks} must be >= the blocks needed by all "
+                   f"batches, sum(ceil(actual_seq_lengths / block_size)) = {sum(needed)}")
 
 
 def _antiquant_shape(layout: str, num_kv: int, head_dim: int) -> list[int]:

@@ -37,6 +37,7 @@ import torch
 
 from torchair.ops import _attention_common as _common
 from torchair.ops import _ifa_compute as _compute
+from torchair.ops import _ifa_fast as _fast
 from torchair.ops._ifa_checks import IfaPlan, validate
 from torchair.ops._registry import define_op, register_value_dependent
 
@@ -169,6 +170,14 @@ def _eager(query, key, value, *, padding_mask=None, atten_mask=None, pse_shift=N
            quant_offset2=None, kv_padding_size=None, num_heads=1, scale_value=1.0,
            input_layout="BSH", num_key_value_heads=0, block_size=0, inner_precise=1):
     """Eager kernel of the op and of its twin (``actual_seq_lengths``: list or tensor)."""
+    if (atten_mask is None and pse_shift is None and antiquant_scale is None
+            and quant_scale2 is None and kv_padding_size is None and padding_mask is None
+            and antiquant_offset is None and quant_offset2 is None and dequant_scale1 is None
+            and quant_scale1 is None and dequant_scale2 is None and inner_precise in (0, 1)):
+        out = _fast.call(query, key, value, actual_seq_lengths, block_table, num_heads,
+                         scale_value, input_layout, num_key_value_heads, block_size)
+        if out is not None:
+            return out
     plan = validate(**_arguments(locals()))
     common = dict(block_table=block_table, antiquant_scale=antiquant_scale,
                   antiquant_offset=antiquant_offset, scale_value=scale_value)

@@ -20,13 +20,21 @@
 #include <string.h>
 #include <float.h>
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-typedef uint16_t vh16u __attribute__((vector_size(32), aligned(2)));
-typedef uint32_t vu16 __attribute__((vector_size(64)));
-typedef _Float16 vf16u __attribute__((vector_size(32), aligned(2)));
-typedef int8_t vb16u __attribute__((vector_size(16), aligned(1)));
+/* VW floats per vector: 16 (one zmm) where the target has AVX-512, else 8 (one ymm). The tiles
+ * below keep VW accumulators live; with 16-float vectors on an AVX2 target every accumulator
+ * would take two of its 16 ymm registers and the tiles would spill (measured ~10x slower). */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float v16 __attribute__((vector_size(4 * VW)));
+typedef float v16u __attribute__((vector_size(4 * VW), aligned(4)));
+typedef int32_t vi16 __attribute__((vector_size(4 * VW)));
+typedef uint16_t vh16u __attribute__((vector_size(2 * VW), aligned(2)));
+typedef uint32_t vu16 __attribute__((vector_size(4 * VW)));
+typedef _Float16 vf16u __attribute__((vector_size(2 * VW), aligned(2)));
+typedef int8_t vb16u __attribute__((vector_size(VW), aligned(1)));
 
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2, KIND_I8 = 3 };
 #ifndef KAHEAD
@@ -72,14 +80,15 @@ static inline v16 vexp(v16 x) {
 
 static inline float hmax(v16 v) {
     float m = v[0];
-    for (int i = 1; i < 16; i++) m = v[i] > m ? v[i] : m;
+    for (int i = 1; i < VW; i++) m = v[i] > m ? v[i] : m;
     return m;
 }
-static inline float hsum(v16 v) { float s = 0; for (int i = 0; i < 16; i++) s += v[i]; return s; }
+static inline float hsum(v16 v) { float s = 0; for (int i = 0; i < VW; i++) s += v[i]; return s; }
 
-/* 16 vectors -> one vector of their horizontal sums, lane j = sum of x[j]: a tree of 15
+/* VW vectors -> one vector of their horizontal sums, lane j = sum of x[j]: a tree of VW - 1
  * shuffle-add steps (the inputs are taken in bit-reversed order, which the tree undoes). */
 #define RED(a, b, s) (__builtin_shuffle(a, b, M1_##s) + __builtin_shuffle(a, b, M2_##s))
+#if VW == 16
 static inline v16 reduce16(const v16 *x) {
     static const vi16 M1_8 = {0,1,2,3,4,5,6,7,16,17,18,19,20,21,22,23};
     static const vi16 M2_8 = {8,9,10,11,12,13,14,15,24,25,26,27,28,29,30,31};
@@ -96,6 +105,21 @@ static inline v16 reduce16(const v16 *x) {
     for (int i = 0; i < 2; i++) c[i] = RED(b[2 * i], b[2 * i + 1], 2);
     return RED(c[0], c[1], 1);
 }
+#else
+static inline v16 reduce16(const v16 *x) {
+    static const vi16 M1_4 = {0,1,2,3,8,9,10,11};
+    static const vi16 M2_4 = {4,5,6,7,12,13,14,15};
+    static const vi16 M1_2 = {0,1,8,9,4,5,12,13};
+    static const vi16 M2_2 = {2,3,10,11,6,7,14,15};
+    static const vi16 M1_1 = {0,8,2,10,4,12,6,14};
+    static const vi16 M2_1 = {1,9,3,11,5,13,7,15};
+    static const int rev[8] = {0,4,2,6,1,5,3,7};
+    v16 b[4], c[2];
+    for (int i = 0; i < 4; i++) b[i] = RED(x[rev[2 * i]], x[rev[2 * i + 1]], 4);
+    for (int i = 0; i < 2; i++) c[i] = RED(b[2 * i], b[2 * i + 1], 2);
+    return RED(c[0], c[1], 1);
+}
+#endif
 
 typedef struct {
     const float *q;          /* [rows, G, D] float32; scores = (q . k + bias) * scale */
@@ -105,7 +129,8 @@ typedef struct {
     const char *k, *v;       /* base pointers */
     int kind, esize;         /* K/V element kind and size in bytes */
     int64_t sb, sh, sp;      /* element strides: batch (dense) or block (paged), head, position */
-    const int64_t *table;    /* [B, max_blocks] or NULL (dense) */
+    const int64_t *table;    /* [B, max_blocks] int64, or NULL */
+    const int32_t *table32;  /* ... or int32 (torch_npu's block_table dtype); both NULL: dense */
     int64_t table_stride, block_size;
     const int64_t *lo, *hi;  /* [B] attended window */
     const uint8_t *mask;     /* [B, mask_stride] 1 = masked out, or NULL */
@@ -116,8 +141,9 @@ typedef struct {
 
 static inline const char *row_ptr(const args_t *a, const char *base, int b, int h, int64_t p) {
     int64_t off;
-    if (a->table) {
-        int64_t blk = a->table[b * a->table_stride + p / a->block_size];
+    if (a->table || a->table32) {
+        int64_t at = b * a->table_stride + p / a->block_size;
+        int64_t blk = a->table32 ? a->table32[at] : a->table[at];
         off = blk * a->sb + h * a->sh + (p % a->block_size) * a->sp;
     } else {
         off = b * a->sb + h * a->sh + p * a->sp;
@@ -154,14 +180,14 @@ static inline const char *row_ptr(const args_t *a, const char *base, int b, int 
 #define DEFINE_TILES(NAME, LOAD, GB)                                                              \
 static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int64_t c0, int w,   \
                              int g0, float *S) {                                                  \
-    enum { NB = 16 / GB };                                                                        \
+    enum { NB = VW / GB };                                                                        \
     const int D = a->D;                                                                           \
     for (int n = 0; n < w; n += NB) {                                                             \
         const char *kr[NB];                                                                       \
         TILE_ROWS(kr)                                                                             \
-        v16 acc[16];                                                                              \
-        for (int j = 0; j < 16; j++) acc[j] = (v16){0};                                           \
-        for (int d = 0; d < D; d += 16) {                                                         \
+        v16 acc[VW];                                                                              \
+        for (int j = 0; j < VW; j++) acc[j] = (v16){0};                                           \
+        for (int d = 0; d < D; d += VW) {                                                         \
             v16 x[NB];                                                                            \
             for (int i = 0; i < NB; i++) x[i] = LOAD(kr[i], d);                                   \
             for (int j = 0; j < GB; j++) {                                                        \
@@ -175,10 +201,10 @@ static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int6
 }                                                                                                 \
 static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, int g0,           \
                              const float *S, const uint8_t *drop, float *acc) {                   \
-    enum { DT = 16 / GB };                                                                        \
+    enum { DT = VW / GB > 1 ? VW / GB : 1 };                                                      \
     const int D = a->D;                                                                           \
-    for (int d0 = 0; d0 < D; d0 += 16 * DT) {                                                     \
-        int nd = (D - d0) / 16 < DT ? (D - d0) / 16 : DT;                                         \
+    for (int d0 = 0; d0 < D; d0 += VW * DT) {                                                     \
+        int nd = (D - d0) / VW < DT ? (D - d0) / VW : DT;                                         \
         v16 r[GB][DT];                                                                            \
         for (int j = 0; j < GB; j++) for (int t = 0; t < DT; t++) r[j][t] = (v16){0};             \
         if (nd == DT) {                                                                           \
@@ -186,7 +212,7 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
                 if (drop && drop[n]) continue;                                                    \
                 const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
                 v16 x[DT];                                                                        \
-                for (int t = 0; t < DT; t++) x[t] = LOAD(vr, d0 + 16 * t);                        \
+                for (int t = 0; t < DT; t++) x[t] = LOAD(vr, d0 + VW * t);                        \
                 for (int j = 0; j < GB; j++) {                                                    \
                     float p = S[(g0 + j) * CH + n];                                               \
                     for (int t = 0; t < DT; t++) r[j][t] += p * x[t];                             \
@@ -197,14 +223,14 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
                 if (drop && drop[n]) continue;                                                    \
                 const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
                 for (int t = 0; t < nd; t++) {                                                    \
-                    v16 x = LOAD(vr, d0 + 16 * t);                                                \
+                    v16 x = LOAD(vr, d0 + VW * t);                                                \
                     for (int j = 0; j < GB; j++) r[j][t] += S[(g0 + j) * CH + n] * x;             \
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
         for (int j = 0; j < GB; j++)                                                              \
             for (int t = 0; t < nd; t++)                                                          \
-                *(v16u *)(acc + (int64_t)(g0 + j) * D + d0 + 16 * t) += r[j][t];                  \
+                *(v16u *)(acc + (int64_t)(g0 + j) * D + d0 + VW * t) += r[j][t];                  \
     }                                                                                             \
 }
 
@@ -311,11 +337,11 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
                 s[n] = (drop && drop[n]) ? -FLT_MAX : (s[n] + bias) * a->scale;
             for (int n = w; n < wp; n++) s[n] = -FLT_MAX;
             v16 vm = (v16){0} - FLT_MAX;
-            for (int n = 0; n < wp; n += 16) { v16 x = *(v16 *)(s + n); vm = vmax(x, vm); }
+            for (int n = 0; n < wp; n += VW) { v16 x = *(v16 *)(s + n); vm = vmax(x, vm); }
             float mx = hmax(vm);
             float m_new = mx > m[g] ? mx : m[g];
             v16 sub = (v16){0} + m_new, vs = (v16){0};
-            for (int n = 0; n < wp; n += 16) {
+            for (int n = 0; n < wp; n += VW) {
                 v16 e = vexp(*(v16 *)(s + n) - sub);
                 *(v16 *)(s + n) = e;
                 vs += e;
@@ -347,21 +373,44 @@ static void run_item(const args_t *a, int item) {
     memset(acc, 0, sizeof(float) * G * D);
 }
 
-/* Returns 0, or -1 when the shapes are outside what this kernel takes (the caller falls back). */
+/* The block ids every row's window reads must name blocks of the cache: returns 0, or -2 with
+ * err = {b, c, id} for the first bad block_table[b, c] (ids in columns no window reaches may be
+ * anything, e.g. -1). */
+static int check_blocks(const args_t *a, int batch, int64_t num_blocks, int64_t *err) {
+    for (int b = 0; b < batch; b++) {
+        if (a->hi[b] <= a->lo[b]) continue;
+        for (int64_t c = a->lo[b] / a->block_size; c < (a->hi[b] + a->block_size - 1) / a->block_size;
+             c++) {
+            int64_t at = b * a->table_stride + c;
+            int64_t id = a->table32 ? a->table32[at] : a->table[at];
+            if (id < 0 || id >= num_blocks) {
+                err[0] = b; err[1] = c; err[2] = id;
+                return -2;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Returns 0; -1 when the shapes are outside what this kernel takes (the caller falls back); -2
+ * when a block id is bad (err = {b, c, id}, nothing computed). table_i32: table holds int32. */
 int torchair_decode_attention(const float *q, const float *bias, const void *k, const void *v,
                               int kind, int64_t sb, int64_t sh, int64_t sp,
-                              const int64_t *table, int64_t table_stride, int64_t block_size,
+                              const void *table, int table_i32, int64_t table_stride,
+                              int64_t block_size, int64_t num_blocks,
                               const int64_t *lo, const int64_t *hi,
                               const uint8_t *mask, int64_t mask_stride,
                               int batch, int nkv, int G, int D, int splits, int nthreads,
                               float *part_m, float *part_l, float *part_acc,
-                              float *out, float *out_l, float scale, int q_bf16) {
+                              float *out, float *out_l, float scale, int q_bf16, int64_t *err) {
     static const int esize[4] = {4, 2, 2, 1};
     if (G < 1 || G > MAX_G || D < 16 || D > MAX_D || D % 16 || kind < 0 || kind > 3 || splits < 1)
         return -1;
     args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh,
-                sp, table, table_stride, block_size, lo, hi, mask, mask_stride, batch * nkv, nkv,
-                G, D, splits, part_m, part_l, part_acc};
+                sp, table && !table_i32 ? (const int64_t *)table : NULL,
+                table && table_i32 ? (const int32_t *)table : NULL, table_stride, block_size, lo,
+                hi, mask, mask_stride, batch * nkv, nkv, G, D, splits, part_m, part_l, part_acc};
+    if (table && check_blocks(&a, batch, num_blocks, err)) return -2;
     int items = a.rows * splits;
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;
