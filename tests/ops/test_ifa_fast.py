@@ -141,9 +141,10 @@ def test_bad_block_ids_raise_naming_the_entry_and_unused_columns_may_hold_anythi
             with pytest.raises(ValueError, match=rf"block_table\[1, 1\] = {value} is not a "
                                                  rf"block of the KV cache"):
                 fn(q, kb, vb, actual_seq_lengths=lengths, **{**kw, "block_table": bad})
-    with pytest.raises(ValueError, match="blocknum .* must be >= the blocks needed"):
-        IFA(q, kb, vb, actual_seq_lengths=[64, 64, 64, ], **{**kw, "block_table": table.repeat(
-            1, 2)})
+    wide = {**kw, "block_table": table.repeat(1, 2)}  # 8 columns, ids all valid
+    for fn in (IFA, lambda *a, **k: _general(IFA, *a, **k)):  # 3 x 8 blocks > the cache's 15
+        with pytest.raises(ValueError, match="blocknum 15 must be >= the blocks needed"):
+            fn(q, kb, vb, actual_seq_lengths=[128, 128, 128], **wide)
 
 
 def test_off_when_native_kernels_are_disabled(monkeypatch):
