@@ -5,13 +5,18 @@ heads / kv heads, D from the flags; float32):
 
 * ``kernel``: the native kernel alone through ctypes, every argument prepared beforehand (the
   floor of a call: what a launch unit with nothing but pointers to move would pay);
+* ``ctypes-noop``: the same ctypes call refused by the kernel at once (``G = 0``): what ctypes
+  itself costs inside the ``kernel`` row, so the kernel's own time is ``kernel - ctypes-noop``;
+* ``launch``: ``torch.ops.torchair_native.ifa_decode`` (the C++ launch kernel through the
+  dispatcher, int64 lengths tensor): exactly the call a CPU static unit's generated code makes;
 * ``fast``: ``torchair.ops._ifa_fast.call`` (the bound fast path, no dispatcher);
 * ``op``: ``torch.ops.npu.npu_incre_flash_attention`` (dispatcher + fast path), what scripts call;
 * ``twin``: the tensor twin with int64 lengths (what a static unit calls);
 * ``general``: the op with the fast path off (validation and planning per call);
 * ``sdpa``: ``F.scaled_dot_product_attention`` on the same window (views, GQA), the target.
 
-Prints each variant's median per call and its multiple of ``kernel``; saves JSON under
+Prints each variant's median per call, its multiple of ``kernel`` and its cost above the
+kernel's own time (``kernel - ctypes-noop``); saves JSON under
 ``bench/results/ifa_call_<machine>.json``.
 
     python bench/bench_ifa_call.py [--batch 1] [--kv 512] [--len 500] [--rounds 15] [--calls 200]
@@ -30,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import torchair  # noqa: E402,F401  (registers the ops)
-from torchair.ops import _decode_native, _ifa_fast  # noqa: E402
+from torchair.ops import _decode_native, _ifa_fast, _launch  # noqa: E402
 
 
 def _variants(args) -> dict:
@@ -88,8 +93,18 @@ def _variants(args) -> dict:
         assert keep
         return fn(*kernel_args)
 
-    return {
+    refused = list(kernel_args)
+    refused[19] = 0  # G = 0: the kernel returns -1 before touching anything
+    assert fn(*refused) == -1
+    launch = _launch.ifa_decode() if _launch.available() else None
+    launch_args = (q, k, v, length_t, None, None, n, nkv, _launch.LAYOUTS["BSH"], 0, d ** -0.5)
+    if launch is not None:
+        torch.testing.assert_close(launch(*launch_args), reference, atol=0, rtol=0)
+
+    variants = {
         "kernel": repeat(kernel),
+        "ctypes-noop": repeat(lambda: fn(*refused)),
+        "launch": repeat(lambda: launch(*launch_args)),
         "fast": repeat(lambda: _ifa_fast.call(q, k, v, lengths, None, n, d ** -0.5, "BSH", nkv,
                                               0)),
         "op": repeat(lambda: op(q, k, v, actual_seq_lengths=lengths, **kw)),
@@ -97,6 +112,10 @@ def _variants(args) -> dict:
         "general": repeat(lambda: general(0)),
         "sdpa": repeat(lambda: sdpa(qs, ks, vs, enable_gqa=True)),
     }
+    if launch is None:
+        print("the C++ launch kernel is not available (no C++ compiler?): no launch row")
+        del variants["launch"]
+    return variants
 
 
 def main(argv=None) -> int:
@@ -128,13 +147,16 @@ def main(argv=None) -> int:
     per_call = {name: _harness.summarize(r, scale=1e6 / args.calls)
                 for name, r in rounds.items()}
     floor = per_call["kernel"]["median"]
+    own = floor - per_call["ctypes-noop"]["median"]  # the kernel's own time
     rows = [[name, round(s["median"], 1), round(s["p10"], 1), round(s["p90"], 1),
-             round(s["median"] / floor, 2), round(s["median"] - floor, 1)]
+             round(s["median"] / floor, 2), round(s["median"] - own, 1)]
             for name, s in per_call.items()]
-    print(_harness.format_table(["variant", "us/call", "p10", "p90", "x kernel", "us above kernel"],
-                                rows))
+    print(_harness.format_table(["variant", "us/call", "p10", "p90", "x kernel",
+                                 "us above kernel's own time"], rows))
+    print(f"kernel's own time = kernel - ctypes-noop = {own:.1f} us")
     payload = {"benchmark": "ifa_call", "machine": info, "args": vars(args),
                "command": _harness.command_line(), "per_call_us": per_call,
+               "kernel_own_us": own,
                "total_runtime_s": time.time() - start}
     _harness.save_results("ifa_call", _harness.machine_tag(info), payload, out=args.out)
     return 0

@@ -367,25 +367,29 @@ def test_ge_cache_warm_start_loads_the_library_without_inductor_or_dynamo(tmp_pa
         class Step(torch.nn.Module):
             def __init__(self):
                 super().__init__()
-                self.l = torch.nn.Linear(8, 8)
-                self.g = torch.nn.Parameter(torch.rand(8) + 0.5)
+                self.l = torch.nn.Linear(32, 32)
+                self.g = torch.nn.Parameter(torch.rand(32) + 0.5)
                 self.cached = torchair.inference.cache_compile(
                     self.decode, cache_dir={str(tmp_path / "c")!r}, ge_cache=True, dynamic=True)
 
-            def decode(self, x, k, pos):
+            def decode(self, x, k, pos, lens):
                 k.index_copy_(1, pos, x)  # in-place write into the cache argument
                 y = torch.ops.npu.npu_rms_norm(self.l(x), self.g, 1e-6)[0]  # lowered, fused
                 _, scale = torch.ops.npu.npu_dynamic_quant(y)  # called from the library
-                return y.relu() * 2, k.sum(1), scale
+                # the C++ launch kernel, called from the library
+                a = torch.ops.npu.npu_incre_flash_attention_tensor(
+                    y, k, k, actual_seq_lengths=lens, num_heads=2, num_key_value_heads=2)
+                return y.relu() * 2, k.sum(1), scale, a
 
         torch.manual_seed(0)
         m = Step().eval()
-        x, k, pos = torch.randn(2, 1, 8), torch.zeros(2, 4, 8), torch.tensor([1])
-        torchair.inference.mark_static(x, k, pos)
+        x, k, pos = torch.randn(2, 1, 32), torch.randn(2, 4, 32), torch.tensor([1])
+        lens = torch.tensor([4, 2])
+        torchair.inference.mark_static(x, k, pos, lens)
         with torch.no_grad():
-            out = m.cached(x, k, pos)
-            ref_k = torch.zeros(2, 4, 8)
-            ref = m.decode(x, ref_k, pos)
+            ref_k = k.clone()
+            out = m.cached(x, k, pos, lens)
+            ref = m.decode(x, ref_k, pos, lens)
         report = torchair.graph_reports()[-1]
         print(json.dumps({{
             "close": all(torch.allclose(a, b, atol=1e-5) for a, b in zip(out, ref)),
@@ -411,6 +415,10 @@ def test_ge_cache_warm_start_loads_the_library_without_inductor_or_dynamo(tmp_pa
     (entry,) = _entries(tmp_path / "c")
     names = {p.name for p in entry.parent.iterdir()}
     assert {"unit.so", "unit.json"} <= names  # the library and its custom-op calls (dynamic quant)
+    from torchair.ops import _launch
+
+    if _launch.available():  # the library calls the C++ launch kernel
+        assert "torchair_native" in (entry.parent / "unit.json").read_text()
     assert oct(os.stat(entry.parent / "unit.so").st_mode & 0o777) == oct(0o600)
     aot = pathlib.Path(f"{entry.parent}.inductor") / "aot"
     assert not any(aot.rglob("*.so")), "build files left behind"

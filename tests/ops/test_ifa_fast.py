@@ -1,18 +1,31 @@
 """The eager fast path of npu_incre_flash_attention (torchair/ops/_ifa_fast.py): for every
 signature it takes, bit-identical to the general path (the same kernel and work split), the
 same ValueErrors for bad lengths and block ids, never stale when a stride, dtype or shape
-changes, and off when the native kernel is disabled."""
+changes, and off when the native kernel is disabled. Every test runs twice: through the C++
+launch kernel (torchair/ops/_launch.py) and through the ctypes call (no C++ compiler)."""
 import pytest
 import torch
 
 from tests.ops._paging import paged
-from torchair.ops import _decode_native, _ifa_checks, _ifa_fast, _native
+from torchair.ops import _decode_native, _ifa_checks, _ifa_fast, _launch, _native
 from torchair.ops.incre_flash_attention import incre_flash_attention_reference
 
 pytestmark = pytest.mark.skipif(not _decode_native.available(),
                                 reason="needs the native kernel (a C compiler)")
 IFA = torch.ops.npu.npu_incre_flash_attention
 TWIN = torch.ops.npu.npu_incre_flash_attention_tensor
+
+
+@pytest.fixture(autouse=True, params=["launch", "ctypes"])
+def route(request, monkeypatch):
+    """Which call the bound fast path makes."""
+    if request.param == "ctypes":
+        monkeypatch.setattr(_launch, "available", lambda: False)
+    elif not _launch.available():
+        pytest.skip("the C++ launch kernel is not available (no C++ compiler)")
+    _ifa_fast.clear()
+    yield request.param
+    _ifa_fast.clear()
 
 
 def _general(fn, *args, **kwargs):

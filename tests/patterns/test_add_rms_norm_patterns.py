@@ -236,7 +236,7 @@ def test_fused_graph_compiles_with_the_inductor_engine():
                              fullgraph=True)
     out = compiled(*args)
     report = torchair.graph_reports()[-1]
-    assert report.engine == "inductor" and report.patterns == {defaults.FLATTEN: 1}
+    assert report.engine == "inductor-cpp" and report.patterns == {defaults.FLATTEN: 1}
     _assert_same(out, fn(*args))
 
 

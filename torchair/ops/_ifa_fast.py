@@ -10,10 +10,13 @@ a :class:`_Bound`; a call with a known signature only
 * checks the lengths' values as the general path does, with its ``ValueError`` texts: a
   negative length; for host lengths with page attention, the block table's width and the
   cache's block count (a host list or a CPU tensor is read);
-* passes data pointers, the window ends and the scale to the native kernel
-  (:mod:`torchair.ops._decode_native`), which checks every block id a window reads (a bad one
-  raises the general path's ``ValueError`` naming ``block_table[b, c]``) and computes exactly
-  what the general path computes (same kernel, same work split: bit-identical results).
+* calls the launch kernel ``torchair_native::ifa_decode`` (:mod:`torchair.ops._launch`: C++,
+  through the dispatcher) with the checked window ends, or with a tensor of lengths, which it
+  checks itself; without a C++ compiler, passes data pointers, the window ends and the scale to
+  the native kernel through ctypes (:mod:`torchair.ops._decode_native`). Either checks every
+  block id a window reads (a bad one raises the general path's ``ValueError`` naming
+  ``block_table[b, c]``) and computes exactly what the general path computes (same kernel, same
+  work split: bit-identical results).
 
 Taken when: CPU tensors, one query token, float32 / bfloat16 / float16 query with key and value
 of its dtype, no mask, pse_shift, antiquant, output quantization or kv padding, the native
@@ -30,7 +33,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torchair.ops import _decode_native, _device_checks, _native
+from torchair.ops import _decode_native, _device_checks, _launch, _native
 from torchair.ops import _ifa_checks
 from torchair.ops import _ifa_compute as _compute
 
@@ -40,6 +43,7 @@ ENABLED = True  # tests that replace a piece of the general path turn the fast p
 _MAX_ENTRIES = 256
 _bound: dict[tuple, _Bound | None] = {}
 _lock = threading.Lock()
+_inside = threading.local()  # .launch: this thread is inside a launch-kernel call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,7 @@ class _Bound:
     q_direct: bool             # float32 contiguous query: the kernel reads it in place
     q_bf16: bool
     zeros: Any                 # ctypes int64[B] of zeros: every window starts at 0
+    launch: bool               # the C++ launch kernel takes the call (else ctypes)
 
 
 class _Strided:
@@ -123,7 +128,16 @@ def _bind(query, key, value, lengths, block_table, num_heads, scale, layout, nkv
         num_blocks=key.shape[0] if plan.paged else 0,
         q_direct=query.dtype == torch.float32 and query.is_contiguous(),
         q_bf16=query.dtype == torch.bfloat16,
-        zeros=(ctypes.c_int64 * dims.batch)())
+        zeros=(ctypes.c_int64 * dims.batch)(),
+        launch=_launch.available() and _launch_takes(lengths, block_table))
+
+
+def _launch_takes(lengths, block_table) -> bool:
+    """What the C++ launch kernel takes beyond the kernel's shapes (launch_ops.cpp): int64
+    tensor lengths, a block table with contiguous rows."""
+    if isinstance(lengths, torch.Tensor) and lengths.dtype != torch.int64:
+        return False
+    return block_table is None or block_table.stride(1) == 1
 
 
 def _lengths(bound: _Bound, lengths, block_table) -> list[int]:
@@ -159,6 +173,21 @@ def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 _bound.clear()
             _bound[sig] = bound
     if bound is None:
+        return None
+    if bound.launch and not getattr(_inside, "launch", False):
+        # the C++ launch kernel: strides, work split and checks in C++. Arguments it does not
+        # take go from C++ to the general op, which calls this function again: that call (flag
+        # set) runs the general path, never the launch kernel a second time.
+        tensor = isinstance(lengths, torch.Tensor)
+        _inside.launch = True
+        try:
+            return _launch.ifa_decode()(
+                query, key, value, lengths if tensor else None,
+                None if tensor or lengths is None else _lengths(bound, lengths, block_table),
+                block_table, num_heads, nkv, _launch.LAYOUTS[layout], block_size, scale)
+        finally:
+            _inside.launch = False
+    if getattr(_inside, "launch", False):
         return None
     ends = _lengths(bound, lengths, block_table)
     window = max(ends)

@@ -62,13 +62,15 @@ try:
 except ImportError:  # not POSIX: builds are still atomic, only not deduplicated
     fcntl = None
 
-__all__ = ["ENV_DISABLE", "ENV_CACHE", "FLAGS", "cache_dir", "cpu_signature", "enabled",
-           "load"]
+__all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "cache_dir", "cpu_signature",
+           "enabled", "load"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-fPIC",
          "-shared")
+# C++ sources: PyTorch operators (``TORCH_LIBRARY``), linked against this process's torch
+CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fPIC", "-shared")
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 _RECORD_FORMAT = "torchair.native_kernel"
 _RECORD_VERSION = 1
@@ -105,7 +107,7 @@ def load(name: str, *, symbols: Iterable[str] = ()) -> ctypes.CDLL | None:
     if not enabled():
         return None
     with _lock:
-        return _load(name, _compiler(), cache_dir(), symbols, _SRC_DIR)
+        return _load(name, _compiler(_source(_SRC_DIR, name)), cache_dir(), symbols, _SRC_DIR)
 
 
 def _check_symbols(symbols: Iterable[str]) -> tuple[str, ...]:
@@ -124,7 +126,7 @@ def _load(name: str, compiler: str, root: pathlib.Path, symbols: tuple[str, ...]
     """``load`` once per process and argument set: try-load, lock, check, build, load (see the
     module doc). Raises ValueError when the source is missing; returns None for everything
     else that goes wrong (OSError, RuntimeError, a failed compiler), with a warning."""
-    source = src_dir / f"{name}.c"
+    source = _source(src_dir, name)
     try:
         text = source.read_bytes()
     except OSError as exc:
@@ -134,8 +136,8 @@ def _load(name: str, compiler: str, root: pathlib.Path, symbols: tuple[str, ...]
         logger.info("native CPU kernel %s: no C compiler %r found; using the PyTorch kernel "
                     "(set CC to a C compiler for the faster one)", name, compiler)
         return None
-    key = hashlib.sha256(b"\0".join([text, " ".join(FLAGS).encode(), version.encode(),
-                                     cpu_signature().encode()])).hexdigest()[:20]
+    key = hashlib.sha256(b"\0".join([text, " ".join(_command_flags(source)).encode(),
+                                     version.encode(), cpu_signature().encode()])).hexdigest()[:20]
     try:
         from torchair.inference._cache_store import ensure_dir
         directory = ensure_dir(root)
@@ -196,8 +198,36 @@ def _missing_symbols(lib: ctypes.CDLL, symbols: tuple[str, ...]) -> list[str]:
     return missing
 
 
-def _compiler() -> str:
+def _source(src_dir: pathlib.Path, name: str) -> pathlib.Path:
+    """``<name>.c``, else ``<name>.cpp`` (a C++ library of PyTorch operators), in ``src_dir``."""
+    source = src_dir / f"{name}.c"
+    cpp = src_dir / f"{name}.cpp"
+    return cpp if not source.exists() and cpp.exists() else source
+
+
+def _compiler(source: pathlib.Path | None = None) -> str:
+    if source is not None and source.suffix == ".cpp":
+        return os.environ.get("CXX") or "c++"
     return os.environ.get("CC") or "cc"
+
+
+def _command_flags(source: pathlib.Path) -> tuple[str, ...]:
+    """The compiler flags of ``source``: :data:`FLAGS` for C; for C++ (operators registered
+    with PyTorch's dispatcher) :data:`CXX_FLAGS` plus this torch's headers, ABI and libraries
+    (torch's version and install path are part of the cache key through them)."""
+    if source.suffix != ".cpp":
+        return FLAGS
+    import torch
+
+    root = pathlib.Path(torch.__file__).resolve().parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return (*CXX_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCHAIR_TORCH={torch.__version__}",
+            f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+            f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}")
+
+
+def _libraries_flags(source: pathlib.Path) -> tuple[str, ...]:
+    return ("-lc10", "-ltorch_cpu") if source.suffix == ".cpp" else ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -319,7 +349,8 @@ def _build(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Pa
 
     _remove(directory, stem)
     tmp = directory / f".tmp-{stem}-{secrets.token_hex(6)}.so"
-    cmd = [compiler, *FLAGS, os.fspath(source), "-o", os.fspath(tmp)]
+    cmd = [compiler, *_command_flags(source), os.fspath(source), "-o", os.fspath(tmp),
+           *_libraries_flags(source)]
     logger.info("building native CPU kernel %s (first use on this machine): %s", name,
                 " ".join(cmd))
     start = time.perf_counter()

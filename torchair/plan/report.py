@@ -44,6 +44,9 @@ class GraphReport:
     launches_per_step: int | None = None
     dumps: list[str] = dataclasses.field(default_factory=list)
     build_seconds: float | None = None  # filled in when the launch unit is built
+    # calls a CPU static unit makes to C++ launch kernels instead of the general op (filled in
+    # when it is built; see torchair.ops._launch)
+    launch_kernels: int = 0
 
     @property
     def path(self) -> int:
@@ -94,6 +97,9 @@ class GraphReport:
             lines.append(f"  launches per step: {self.launches_per_step}")
         if self.build_seconds is not None:
             lines.append(f"  built in {self.build_seconds:.2f} s")
+        if self.launch_kernels:
+            lines.append(f"  launch kernels: {self.launch_kernels} call(s) go to C++ dispatcher "
+                         f"kernels, no Python per call")
         lines += [f"  why not static: {r}" for r in self.reasons]
         lines += [f"  dump: {d}" for d in self.dumps]
         return "\n".join(lines)

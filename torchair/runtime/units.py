@@ -111,20 +111,11 @@ class StaticUnit:
         if self.program is not None and self.sunk is None:
             self.sunk = SunkScalars(self.program, _device_of(unit_args))
             unit_args.append(self.sunk.stage(args))
-        if self.library is not None:
-            engine = _engines.load_library(self.library, str(_device_of(unit_args)))
-            self.engine_name = _engines.AOT_ENGINE
-        elif self.engine_name in ("inductor", _engines.AOT_ENGINE):
-            # AOT's runtime may have a dispatch mode active on this call; compile outside it
-            directory = _engines.aot_directory()
-            with _disable_current_modes():
-                if directory is None:
-                    engine, self.engine_name = inductor_engine(self.gm, unit_args, what)
-                else:
-                    engine, self.engine_name, self.files = _engines.aot_engine(
-                        self.gm, unit_args, what, directory)
-        else:
-            engine = fx_engine(self.gm)
+        engine = self._engine(unit_args, what)
+        from torchair.ops import _launch
+
+        if _launch.loaded() and self.capture is None:  # launch kernels defer their errors
+            engine = _launch.checked(engine)
         if self.capture is None:
             self.run = engine
             outputs = engine(unit_args)
@@ -136,6 +127,46 @@ class StaticUnit:
         logger.info("%s: built static launch unit (%s) in %.2f s", what, self.report.launch,
                     self.report.build_seconds)
         return outputs
+
+    def _engine(self, unit_args: list, what: str) -> Engine:
+        """The engine of this unit: a warm cache entry's library, else compiled here."""
+        if self.library is not None:
+            try:
+                engine = _engines.load_library(self.library, str(_device_of(unit_args)))
+                self.engine_name = _engines.AOT_ENGINE
+                return engine
+            except RuntimeError as exc:
+                logger.warning("%s: the cached library could not be run (%s); compiling the "
+                               "graph in this process instead", what, exc)
+                self.engine_name = "inductor"
+        if self.engine_name not in ("inductor", _engines.AOT_ENGINE):
+            return fx_engine(self._launch_graph(unit_args))
+        gm = self._launch_graph(unit_args)
+        # AOT's runtime may have a dispatch mode active on this call; compile outside it
+        directory = _engines.aot_directory()
+        with _disable_current_modes():
+            if directory is None:
+                cpp = (self.capture is None and _device_of(unit_args).type == "cpu"
+                       and _engines.cpp_wrapper_enabled())
+                engine, self.engine_name = inductor_engine(gm, unit_args, what, cpp_wrapper=cpp)
+            else:
+                engine, self.engine_name, self.files = _engines.aot_engine(
+                    gm, unit_args, what, directory)
+        return engine
+
+    def _launch_graph(self, unit_args: list) -> fx.GraphModule:
+        """The graph the engine builds: on CPU without a capture, ops that have launch kernels
+        call them (:func:`torchair.ops._launch.bind_static_unit`); ``self.gm`` stays as traced."""
+        if self.capture is not None or _device_of(unit_args).type != "cpu":
+            return self.gm
+        from torchair.ops import _launch
+
+        gm, count = _launch.bind_static_unit(self.gm)
+        self.report.launch_kernels = count
+        if count:
+            logger.debug("graph %d: %d call(s) bound to launch kernels", self.report.graph_id,
+                         count)
+        return gm
 
     def _captured(self, engine: Engine, unit_args: list) -> Callable[[list], list]:
         """Replay of captured work, one capture per set of borrowed input addresses (parameters,

@@ -1,0 +1,300 @@
+"""The C++ launch kernel ``torchair_native::ifa_decode`` (torchair/ops/_launch.py,
+csrc/launch_ops.cpp): bit-identical to the general ``npu_incre_flash_attention_tensor`` wherever
+it computes, the general op's results and errors wherever it does not take the arguments, the
+general op's ValueError texts for bad lengths and block ids, masked cache slots never read; a
+CPU static unit binds it (and raises what eager raises); the graph the compile cache saves keeps
+the general op."""
+import ctypes
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import torchair
+from tests.ops._paging import paged
+from torchair.ops import _launch, _native
+from torchair.ops.incre_flash_attention import incre_flash_attention_reference
+
+pytestmark = pytest.mark.skipif(not _launch.available(),
+                                reason="needs the launch kernels (a C and a C++ compiler)")
+TWIN = torch.ops.npu.npu_incre_flash_attention_tensor
+IFA = torch.ops.npu.npu_incre_flash_attention
+LAYOUT_CODES = _launch.LAYOUTS
+
+
+def _op(q, k, v, lengths, table=None, *, heads=8, nkv=2, layout="BNSD", block_size=0,
+        scale=0.125, ends=None, defer=False):
+    return _launch.ifa_decode()(q, k, v, lengths, ends, table, heads, nkv, LAYOUT_CODES[layout],
+                                block_size, scale, defer)
+
+
+def _twin(q, k, v, lengths, table=None, *, heads=8, nkv=2, layout="BNSD", block_size=0,
+          scale=0.125):
+    return TWIN(q, k, v, actual_seq_lengths=lengths, block_table=table, num_heads=heads,
+                num_key_value_heads=nkv, input_layout=layout, block_size=block_size,
+                scale_value=scale)
+
+
+def _bnsd(batch=3, heads=8, nkv=2, dim=64, seq=48, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, heads, 1, dim, generator=g).to(dtype),
+            torch.randn(batch, nkv, seq, dim, generator=g).to(dtype),
+            torch.randn(batch, nkv, seq, dim, generator=g).to(dtype))
+
+
+def _in_layout(layout, q, k, v):
+    if layout == "BNSD":
+        return q, k, v
+    if layout == "BSND":
+        return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+    return tuple(t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("layout", ["BSH", "BNSD", "BSND"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("lengths", [[48, 7, 0], [13], None, [99, 1, 48]],
+                         ids=["mixed", "shared", "none", "past-end"])
+def test_dense_bit_identical_to_the_general_op(layout, dtype, lengths):
+    q, k, v = _in_layout(layout, *_bnsd(dtype=dtype))
+    lt = None if lengths is None else torch.tensor(lengths)
+    out = _op(q, k, v, lt, layout=layout)
+    assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+    assert torch.equal(out, _twin(q, k, v, lt, layout=layout))
+    ref = incre_flash_attention_reference(q, k, v, actual_seq_lengths=lengths, num_heads=8,
+                                          num_key_value_heads=2, input_layout=layout,
+                                          scale_value=0.125)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("cache", ["paged3", "paged4"])
+@pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
+def test_paged_bit_identical_to_the_general_op(cache, table_dtype):
+    q, k, v = _bnsd(seq=64)
+    kb, table = paged(k, 16, torch.Generator().manual_seed(1))
+    vb = paged(v, 16, torch.Generator().manual_seed(1))[0]
+    layout = "BNSD"
+    if cache == "paged3":  # (blocknum, block_size, H_kv)
+        kb = kb.permute(0, 2, 1, 3).reshape(kb.shape[0], 16, -1)
+        vb = vb.permute(0, 2, 1, 3).reshape(vb.shape[0], 16, -1)
+        q = q.transpose(1, 2).reshape(3, 1, -1)
+        layout = "BSH"
+    lengths = torch.tensor([64, 17, 33])
+    kw = dict(layout=layout, block_size=16)
+    out = _op(q, kb, vb, lengths, table.to(table_dtype), **kw)
+    assert torch.equal(out, _twin(q, kb, vb, lengths, table, **kw))
+    ref = incre_flash_attention_reference(q, kb, vb, actual_seq_lengths=lengths.tolist(),
+                                          block_table=table, num_heads=8, num_key_value_heads=2,
+                                          input_layout=layout, block_size=16, scale_value=0.125)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_host_window_ends_equal_tensor_lengths():
+    q, k, v = _bnsd()
+    assert torch.equal(_op(q, k, v, None, ends=[48, 7, 0]),
+                       _op(q, k, v, torch.tensor([48, 7, 0])))
+
+
+@pytest.mark.parametrize("case", ["head-dim-8", "int32-lengths", "kv-strides-differ",
+                                  "noncontiguous-table", "ends-on-fallback"])
+def test_arguments_it_does_not_take_go_to_the_general_op(case):
+    q, k, v = _bnsd()
+    lengths, table, kw, ends = torch.tensor([40, 3, 17]), None, {}, None
+    if case == "head-dim-8":
+        q, k, v = _bnsd(dim=8)
+    elif case == "int32-lengths":
+        lengths = lengths.int()
+    elif case == "kv-strides-differ":
+        v = v.transpose(2, 3).contiguous().transpose(2, 3)
+    elif case == "noncontiguous-table":
+        kb, table = paged(k, 16, torch.Generator().manual_seed(1))
+        vb = paged(v, 16, torch.Generator().manual_seed(1))[0]
+        k, v = kb, vb
+        table = table.t().contiguous().t()  # stride (1, B): columns not contiguous
+        kw = dict(block_size=16)
+    else:  # host ends with a head dim the kernel does not take: a tensor of them, same result
+        q, k, v = _bnsd(dim=8)
+        ends = [40, 3, 17]
+    out = _op(q, k, v, None if ends else lengths, table, ends=ends, **kw)
+    assert out.is_contiguous()
+    assert torch.equal(out, _twin(q, k, v, lengths, table, **kw))
+
+
+def test_fallback_raises_the_general_ops_errors():
+    q, k, v = _bnsd()
+    with pytest.raises(ValueError, match="actual_seq_lengths has 2 entries"):
+        _op(q, k, v, torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("route", ["kernel", "general"])
+def test_negative_length_raises_the_general_ops_error(route):
+    q, k, v = _bnsd(dim=64 if route == "kernel" else 8)
+    msg = r"^npu_incre_flash_attention: actual_seq_lengths\[1\]=-4 must be >= 0$"
+    for fn in (_op, _twin):
+        with pytest.raises(ValueError, match=msg):
+            fn(q, k, v, torch.tensor([5, -4, 3]))
+
+
+@pytest.mark.parametrize("bad", [-1, 15, 10**9])
+def test_bad_block_id_raises_the_general_ops_error(bad):
+    q, k, v = _bnsd(seq=64)
+    kb, table = paged(k, 16, torch.Generator().manual_seed(2))
+    vb = paged(v, 16, torch.Generator().manual_seed(2))[0]
+    table[2, 1] = bad  # sequence 2 reads columns 0 and 1 (length 20)
+    lengths = torch.tensor([64, 16, 20])
+    errors = []
+    for fn in (_op, _twin):
+        with pytest.raises(ValueError) as info:
+            fn(q, kb, vb, lengths, table, block_size=16)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1], errors
+    assert errors[0].startswith(f"npu_incre_flash_attention: block_table[2, 1] = {bad} is not a "
+                                f"block of the KV cache (it has {kb.shape[0]} blocks")
+    table[1, 2:] = -1  # columns sequence 1 never reads may hold anything
+    table[2, 1] = 0
+    assert torch.equal(_op(q, kb, vb, lengths, table, block_size=16),
+                       _twin(q, kb, vb, lengths, table, block_size=16))
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_masked_cache_slots_are_never_read(poison):
+    q, k, v = _bnsd(seq=64)
+    lengths = torch.tensor([64, 5, 33])
+    clean = _op(q, k, v, lengths)
+    keep = torch.arange(64)[None, :] < lengths[:, None]  # [B, S]
+    k2 = k.masked_fill(~keep[:, None, :, None], poison)
+    v2 = v.masked_fill(~keep[:, None, :, None], poison)
+    out = _op(q, k2, v2, lengths)
+    assert torch.isfinite(out).all() and torch.equal(out, clean)
+
+
+def test_zero_lengths_give_zeros_and_fake_shapes():
+    q, k, v = _bnsd()
+    assert torch.equal(_op(q, k, v, torch.tensor([0])), torch.zeros_like(q))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        fq = fq.to(torch.bfloat16)
+        out = _op(fq, fk, fv, None)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16 and out.is_contiguous()
+
+
+def test_deferred_errors_are_kept_once_and_cleared():
+    """defer_errors=True (static units): no exception; zeros; the first error of the run is
+    kept until the unit takes it, and taking clears it."""
+    q, k, v = _bnsd(seq=64)
+    kb, table = paged(k, 16, torch.Generator().manual_seed(2))
+    vb = paged(v, 16, torch.Generator().manual_seed(2))[0]
+    assert _launch._take() is None
+    out = _op(q, k, v, torch.tensor([5, -4, 3]), defer=True)
+    assert torch.equal(out, torch.zeros_like(q))
+    bad = table.clone()
+    bad[0, 0] = 99
+    _op(q, kb, vb, torch.tensor([64, 16, 20]), bad, block_size=16, defer=True)  # a second error
+    good = _op(q, k, v, torch.tensor([5, 4, 3]), defer=True)  # a good call still computes
+    assert torch.equal(good, _twin(q, k, v, torch.tensor([5, 4, 3])))
+    assert _launch._take() == "npu_incre_flash_attention: actual_seq_lengths[1]=-4 must be >= 0"
+    assert _launch._take() is None
+    run = _launch.checked(lambda args: _op(*args, block_size=16, defer=True))
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 99 is not a block"):
+        run([q, kb, vb, torch.tensor([64, 16, 20]), bad])
+    assert _launch._take() is None
+    with pytest.raises(ZeroDivisionError):  # a run that fails otherwise leaves nothing behind
+        _launch.checked(lambda args: (_op(*args, defer=True), 1 / 0))([q, k, v, torch.tensor([-1])])
+    assert _launch._take() is None
+
+
+def test_registering_again_is_refused_quietly():
+    lib = _native.load("launch_ops", symbols=_launch._SYMBOLS)
+    err = ctypes.create_string_buffer(256)
+    assert lib.torchair_launch_register(err, len(err)) == 0  # already registered: no-op
+
+
+# ------------------------------------------------------------------------------ static units
+
+class _Step(torch.nn.Module):
+    def forward(self, q, k, v, lens):
+        out = IFA(q, k, v, actual_seq_lengths=lens, num_heads=8, num_key_value_heads=2,
+                  input_layout="BNSD", scale_value=0.125)
+        return out + 1
+
+
+def _compiled(run_eagerly=True):
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = run_eagerly
+    config.experimental_config.tiling_schedule_optimize = True
+    backend = CompileCounterWithBackend(torchair.get_npu_backend(compiler_config=config))
+    return torch.compile(_Step(), backend=backend, dynamic=True, fullgraph=True), backend
+
+
+def _run(compiled, q, k, v, lens):
+    for t in (q, k, v):
+        torch._dynamo.mark_static(t)
+    with torch.no_grad():
+        return compiled(q, k, v, lens)
+
+
+def _check_static_unit(compiled, backend):
+    q, k, v = _bnsd()
+    for lens in ([40, 3, 17], [41, 4, 18], [48, 48, 1]):
+        assert torch.equal(_run(compiled, q, k, v, lens), IFA(
+            q, k, v, actual_seq_lengths=lens, num_heads=8, num_key_value_heads=2,
+            input_layout="BNSD", scale_value=0.125) + 1)
+    report = torchair.graph_reports()[-1]
+    assert report.path == 4 and report.launch_kernels == 1, str(report)
+    assert "launch kernels: 1 call(s)" in str(report)
+    with pytest.raises(ValueError, match=r"^npu_incre_flash_attention: actual_seq_lengths\[2\]="
+                                         r"-1 must be >= 0$"):
+        _run(compiled, q, k, v, [40, 3, -1])
+    # the next good step is right (the error does not stay behind)
+    assert torch.equal(_run(compiled, q, k, v, [40, 3, 17]), IFA(
+        q, k, v, actual_seq_lengths=[40, 3, 17], num_heads=8, num_key_value_heads=2,
+        input_layout="BNSD", scale_value=0.125) + 1)
+    assert backend.frame_count == 1
+
+
+def test_static_unit_binds_the_launch_kernel_fx_engine():
+    _check_static_unit(*_compiled())
+
+
+@pytest.mark.inductor
+def test_static_unit_binds_the_launch_kernel_inductor():
+    _check_static_unit(*_compiled(run_eagerly=False))
+
+
+def test_static_unit_keeps_the_general_op_when_disabled(monkeypatch):
+    monkeypatch.setenv(_native.ENV_DISABLE, "0")
+    compiled, _ = _compiled()
+    q, k, v = _bnsd()
+    out = _run(compiled, q, k, v, [40, 3, 17])
+    report = torchair.graph_reports()[-1]
+    assert report.launch_kernels == 0 and "launch kernels" not in str(report)
+    torch.testing.assert_close(out, incre_flash_attention_reference(
+        q, k, v, actual_seq_lengths=[40, 3, 17], num_heads=8, num_key_value_heads=2,
+        input_layout="BNSD", scale_value=0.125) + 1, atol=1e-5, rtol=1e-5)
+
+
+def test_bind_leaves_the_traced_graph_alone():
+    """The compile cache saves the unit's traced graph: it keeps the general op."""
+    from torchair.runtime import units
+
+    seen = {}
+    real = units.StaticUnit._engine
+
+    def spy(self, unit_args, what):
+        seen["before"] = [n.target for n in self.gm.graph.nodes]
+        engine = real(self, unit_args, what)
+        seen["after"] = [n.target for n in self.gm.graph.nodes]
+        seen["bound"] = [n.target for n in self._launch_graph(unit_args).graph.nodes]
+        return engine
+
+    units.StaticUnit._engine = spy
+    try:
+        compiled, _ = _compiled()
+        _run(compiled, *_bnsd(), [40, 3, 17])
+    finally:
+        units.StaticUnit._engine = real
+    assert seen["before"] == seen["after"]
+    assert TWIN.default in seen["after"] and _launch.ifa_decode() not in seen["after"]
+    assert _launch.ifa_decode() in seen["bound"] and TWIN.default not in seen["bound"]

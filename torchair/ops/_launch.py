@@ -1,0 +1,215 @@
+"""Launch kernels: torchair's ops as C++ dispatcher kernels that static units call without Python.
+
+A static launch unit has fixed shapes, so everything its attention call needs besides the data
+(checks of shapes and layouts, the kernel, its strides) is decided once. ``csrc/launch_ops.cpp``
+(built on first use by :mod:`torchair.ops._native` against this process's torch, cached the same
+safe way as the C kernels) registers the operator
+
+    torchair_native::ifa_decode(query, key, value, actual_seq_lengths, ends, block_table,
+                                num_heads, num_key_value_heads, layout, block_size, scale_value)
+
+with PyTorch's dispatcher: a C++ function that reads shapes and strides from the tensors, checks
+the lengths and the block ids it reads (the general op's ``ValueError`` texts) and calls the
+native decode kernel (``csrc/decode_attention.c``). Inductor's generated code, its C++ wrapper
+and AOTInductor libraries call it like any ATen op; a call costs the dispatcher's few
+microseconds, not the general op's Python.
+
+:func:`bind_static_unit` rewrites, in a CPU static unit's FX graph, each
+``npu_incre_flash_attention_tensor`` call that the kernel can serve (decode: one query token, no
+mask, pse_shift, antiquant or output quantization; the general op's shape validation passes for
+the unit's fixed shapes) into that operator. Arguments the kernel turns out not to take at run
+time are passed by the C++ code to the general op through the dispatcher, so results and errors
+are the general op's. The eager fast path (:mod:`torchair.ops._ifa_fast`) calls the operator
+too, with window ends it has checked on the host.
+
+Nothing here is required: without a C++ compiler (``$CXX``, default ``c++``), with
+``TORCHAIR_NATIVE_KERNELS=0`` or without the C kernel, :func:`available` is False and the units
+keep the general op.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from torchair.core.utils import logger
+from torchair.ops import _decode_native, _native
+
+__all__ = ["LAYOUTS", "available", "bind_static_unit", "checked", "ifa_decode", "loaded"]
+
+LAYOUTS = {"BSH": 0, "BNSD": 1, "BSND": 2}
+_SYMBOLS = ("torchair_launch_set_decode", "torchair_launch_register",
+            "torchair_launch_take_error")
+# keyword arguments of npu_incre_flash_attention_tensor that the launch kernel takes
+_TAKEN = {"actual_seq_lengths", "block_table", "num_heads", "scale_value", "input_layout",
+          "num_key_value_heads", "block_size", "inner_precise"}
+_fake_lib: Any = None
+_take_error: Any = None  # ctypes function of the loaded library
+_error_buf = ctypes.create_string_buffer(8192)
+
+
+def available() -> bool:
+    """Whether ``torch.ops.torchair_native.ifa_decode`` is registered (built on first call)."""
+    return _native.enabled() and _load()
+
+
+@functools.lru_cache(maxsize=None)
+def _load() -> bool:
+    global _fake_lib, _take_error
+    if not _decode_native.available():
+        return False
+    lib = _native.load("launch_ops", symbols=_SYMBOLS)
+    if lib is None:
+        return False
+    lib.torchair_launch_set_decode.argtypes = [ctypes.c_void_p]
+    lib.torchair_launch_set_decode(ctypes.cast(_decode_native.kernel(), ctypes.c_void_p))
+    err = ctypes.create_string_buffer(4096)
+    lib.torchair_launch_register.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    if lib.torchair_launch_register(err, len(err)) != 0:
+        logger.warning("launch kernels could not be registered with the dispatcher (%s); static "
+                       "units call the general ops", err.value.decode(errors="replace"))
+        return False
+    _fake_lib = torch.library.Library("torchair_native", "FRAGMENT")
+    torch.library.register_fake("torchair_native::ifa_decode", _ifa_decode_fake, lib=_fake_lib)
+    lib.torchair_launch_take_error.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    _take_error = lib.torchair_launch_take_error
+    return True
+
+
+def loaded() -> bool:
+    """Whether the launch kernels are registered in this process (never builds them)."""
+    return _take_error is not None
+
+
+def _take() -> str | None:
+    """The error a deferred launch-kernel call of this thread kept, cleared (None: none)."""
+    if _take_error is None or not _take_error(_error_buf, len(_error_buf)):
+        return None
+    return _error_buf.value.decode(errors="replace")
+
+
+def checked(engine: Any) -> Any:
+    """``engine`` (a static unit's ``fn(args) -> outputs``) raising, after each run, the
+    ValueError a launch kernel deferred during it (static units call them with
+    ``defer_errors=True``: an exception thrown in C++ would cross Inductor's C++ wrapper or an
+    AOTInductor library as a RuntimeError, not as the ValueError eager raises)."""
+    def run(args: list) -> Any:
+        try:
+            outputs = engine(args)
+        except BaseException:
+            _take()  # a failed run leaves nothing for the next
+            raise
+        error = _take()
+        if error is not None:
+            raise ValueError(error)
+        return outputs
+
+    return run
+
+
+def _ifa_decode_fake(query, key, value, actual_seq_lengths, ends, block_table, num_heads,
+                     num_key_value_heads, layout, block_size, scale_value, defer_errors=False):
+    return query.new_empty(query.shape)  # contiguous, as the kernel's (and its fallback's) result
+
+
+def ifa_decode() -> Any:
+    """The operator (``available()`` must be True)."""
+    return torch.ops.torchair_native.ifa_decode.default
+
+
+def _meta(val: Any) -> Any:
+    """A meta tensor like the traced value ``val`` (shapes only: the general op's value checks
+    skip meta tensors)."""
+    if not isinstance(val, torch.Tensor):
+        return val
+    return torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype,
+                               device="meta")
+
+
+def _takes(node: fx.Node) -> bool:
+    """The call's arguments, as traced, pass the general op's validation and are a decode call
+    on CPU that the launch kernel serves."""
+    from torchair.ops import _ifa_checks
+    from torchair.ops import _ifa_compute as _compute
+
+    if len(node.args) != 3 or any(k not in _TAKEN and v is not None
+                                  for k, v in node.kwargs.items()):
+        return False
+    if any(isinstance(a, fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor)
+           for a in [*node.args, node.kwargs.get("block_table")]):
+        return False  # no traced tensor to check
+    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in node.args]
+    kwargs = {k: (v.meta.get("val") if isinstance(v, fx.Node) else v)
+              for k, v in node.kwargs.items()}
+    lengths = node.kwargs.get("actual_seq_lengths")
+    if isinstance(lengths, fx.Node) and not isinstance(lengths.meta.get("val"), torch.Tensor):
+        # a slice of the sunk scalar buffer (no traced value): int64 [B] on the query's device;
+        # the kernel checks its shape and dtype per call and passes anything else to the
+        # general op
+        query = vals[0]
+        kwargs["actual_seq_lengths"] = torch.empty(query.shape[0], dtype=torch.int64,
+                                                   device="meta" if query.device.type == "cpu"
+                                                   else query.device)
+    for t in [*vals, kwargs.get("actual_seq_lengths"), kwargs.get("block_table")]:
+        if t is not None and (not isinstance(t, torch.Tensor)
+                              or t.device.type not in ("cpu", "meta")):
+            return False
+    query = vals[0]
+    if query.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    try:
+        plan = _ifa_checks.validate(*(_meta(v) for v in vals),
+                                    **{k: _meta(v) for k, v in kwargs.items()
+                                       if k != "inner_precise"})
+    except (ValueError, TypeError, RuntimeError):
+        return False  # the general op raises its error at run time
+    if plan.kv_int8 or not _compute.decode_eligible(plan, None):
+        return False
+    return _kernel_takes(plan, *vals, kwargs.get("block_table"))
+
+
+def _kernel_takes(plan: Any, query, key, value, table) -> bool:
+    """The shapes launch_ops.cpp's ``canonical`` takes (so the C++ code never falls back to the
+    general op inside a static unit, where the general op's errors would not be deferred)."""
+    dims = plan.dims
+    group = dims.num_heads // dims.num_kv_heads
+    if (key.dtype != query.dtype or value.dtype != query.dtype
+            or tuple(key.shape) != tuple(value.shape) or key.stride() != value.stride()
+            or key.stride(-1) != 1 or dims.head_dim % 16 or dims.head_dim > _decode_native.MAX_D
+            or group > _decode_native.MAX_G):
+        return False
+    if table is not None and (table.stride(1) != 1 or key.dim() == 4 and plan.layout != "BNSD"):
+        return False
+    return True
+
+
+def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """A copy of a CPU static unit's graph with the decode attention calls that the launch
+    kernel serves rewritten to it (module doc), and how many were rewritten; ``(gm, 0)``, ``gm``
+    itself, when there are none or the kernels are not available. ``gm`` is never changed (the
+    compile cache saves it with the general ops)."""
+    twin = torch.ops.npu.npu_incre_flash_attention_tensor.default
+    taken = [n for n in gm.graph.nodes
+             if n.op == "call_function" and n.target is twin and _takes(n)]
+    if not taken or not available():
+        return gm, 0
+    graph = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    op = ifa_decode()
+    for old in taken:
+        node = copies[old]
+        kw = node.kwargs
+        args = (*node.args, kw.get("actual_seq_lengths"), None, kw.get("block_table"),
+                kw.get("num_heads", 1), kw.get("num_key_value_heads", 0),
+                LAYOUTS[kw.get("input_layout", "BSH")], kw.get("block_size", 0),
+                float(kw.get("scale_value", 1.0)), True)  # defer_errors: see checked()
+        with graph.inserting_before(node):
+            new = graph.call_function(op, args)
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    return fx.GraphModule(gm, graph), len(taken)

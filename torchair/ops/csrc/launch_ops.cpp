@@ -1,0 +1,325 @@
+// Launch kernels: torchair's CPU decode attention as a PyTorch operator implemented in C++.
+//
+// torchair_native::ifa_decode takes the arguments of npu_incre_flash_attention_tensor that a
+// decode step uses (query, key, value, lengths, block table, heads, layout, block size, scale)
+// and calls the native kernel of decode_attention.c directly: the dispatcher reaches it from
+// Inductor's generated Python, its C++ wrapper or an AOTInductor library without entering Python.
+// Shapes, layouts and strides are read from the tensors; the kernel is handed to this library
+// once (torchair_launch_set_decode) by the Python loader, which loads decode_attention.c's library.
+//
+// Per call it checks the values the general op checks (a negative length: ValueError; a block id
+// that a window reads and that is not a block of the cache: ValueError naming block_table[b, c];
+// same texts as the general op) and clamps lengths to the cache as the tensor twin does.
+// Arguments it does not take (another dtype or device, a head dim that is not a multiple of 16,
+// more than 64 query heads per kv head, K and V with different strides, ...) go through the
+// dispatcher to npu::npu_incre_flash_attention_tensor, so results and errors never differ from
+// the general op. Callers (torchair.ops._launch) run the general op's shape validation once,
+// before they use this operator for a signature.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern "C" {
+typedef int (*decode_fn_t)(const float *q, const float *bias, const void *k, const void *v,
+                           int kind, int64_t sb, int64_t sh, int64_t sp, const void *table,
+                           int table_i32, int64_t table_stride, int64_t block_size,
+                           int64_t num_blocks, const int64_t *lo, const int64_t *hi,
+                           const uint8_t *mask, int64_t mask_stride, int batch, int nkv, int G,
+                           int D, int splits, int nthreads, float *part_m, float *part_l,
+                           float *part_acc, float *out, float *out_l, float scale, int q_bf16,
+                           int64_t *err);
+}
+
+namespace {
+
+decode_fn_t g_decode = nullptr;
+
+// Deferred errors (defer_errors=True, what static units pass): the first ValueError of a run is
+// kept here instead of thrown, and the call returns zeros; the unit reads it after the run
+// (torchair_launch_take_error) and raises it as a Python ValueError. A C++ exception thrown
+// through Inductor's C++ wrapper or an AOTInductor library would reach Python as a RuntimeError
+// with a C++ stack instead of the ValueError eager raises.
+thread_local std::string t_pending;
+thread_local bool t_has_pending = false;
+
+struct Deferred {};  // thrown by fail() when the error was kept
+
+[[noreturn]] void fail(bool defer, const std::string &msg) {
+  if (defer) {
+    if (!t_has_pending) t_pending = msg, t_has_pending = true;
+    throw Deferred{};
+  }
+  TORCH_CHECK_VALUE(false, msg);
+}
+
+constexpr int kMaxG = 64, kMaxD = 512;
+constexpr int64_t kMinSplit = 512, kSerialWork = 1024;  // as torchair.ops._decode_native
+const char *kOp = "npu_incre_flash_attention";
+
+// Everything the kernel needs that the shapes decide.
+struct Canon {
+  int kind = 0;
+  int64_t batch = 0, nkv = 0, group = 0, dim = 0, kv_len = 0;
+  int64_t sb = 0, sh = 0, sp = 0;  // element strides of K/V: batch or block, head, position
+  int64_t block_size = 1, num_blocks = 0;
+};
+
+int kind_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return 0;
+    case at::kBFloat16: return 1;
+    case at::kHalf: return 2;
+    default: return -1;
+  }
+}
+
+// layout: 0 BSH, 1 BNSD, 2 BSND. False when the kernel does not take the arguments.
+bool canonical(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+               const std::optional<at::Tensor> &table, int64_t num_heads, int64_t nkv_arg,
+               int64_t layout, int64_t block_size, Canon *c) {
+  if (g_decode == nullptr || !q.device().is_cpu() || !k.device().is_cpu() ||
+      !v.device().is_cpu() || k.scalar_type() != q.scalar_type() ||
+      v.scalar_type() != q.scalar_type() || kind_of(q.scalar_type()) < 0 || num_heads < 1)
+    return false;
+  if (k.sizes() != v.sizes() || k.strides() != v.strides()) return false;
+  c->kind = kind_of(q.scalar_type());
+  c->nkv = nkv_arg > 0 ? nkv_arg : num_heads;
+  if (num_heads % c->nkv) return false;
+  c->group = num_heads / c->nkv;
+  c->batch = q.size(0);
+  if (layout == 0) {
+    if (q.dim() != 3 || q.size(1) != 1 || q.size(2) % num_heads) return false;
+    c->dim = q.size(2) / num_heads;
+  } else if (layout == 1) {
+    if (q.dim() != 4 || q.size(1) != num_heads || q.size(2) != 1) return false;
+    c->dim = q.size(3);
+  } else if (layout == 2) {
+    if (q.dim() != 4 || q.size(1) != 1 || q.size(2) != num_heads) return false;
+    c->dim = q.size(3);
+  } else {
+    return false;
+  }
+  if (c->group > kMaxG || c->dim < 16 || c->dim > kMaxD || c->dim % 16) return false;
+  const int64_t D = c->dim, H = c->nkv * D;
+  if (table.has_value()) {
+    const at::Tensor &t = *table;
+    if (!t.device().is_cpu() || t.dim() != 2 || t.size(0) != c->batch || t.stride(1) != 1 ||
+        (t.scalar_type() != at::kInt && t.scalar_type() != at::kLong) || block_size < 1)
+      return false;
+    c->block_size = block_size;
+    c->num_blocks = k.size(0);
+    c->kv_len = t.size(1) * block_size;
+    if (k.dim() == 3) {  // (blocknum, block_size, H_kv)
+      if (k.size(1) != block_size || k.size(2) != H || k.stride(2) != 1) return false;
+      c->sb = k.stride(0), c->sh = D, c->sp = k.stride(1);
+    } else if (k.dim() == 4 && layout == 1) {  // (blocknum, N_kv, block_size, D)
+      if (k.size(1) != c->nkv || k.size(2) != block_size || k.size(3) != D || k.stride(3) != 1)
+        return false;
+      c->sb = k.stride(0), c->sh = k.stride(1), c->sp = k.stride(2);
+    } else {
+      return false;
+    }
+    return true;
+  }
+  if (k.size(0) != c->batch) return false;
+  if (layout == 0) {  // [B, S, H_kv]
+    if (k.dim() != 3 || k.size(2) != H || k.stride(2) != 1) return false;
+    c->kv_len = k.size(1), c->sb = k.stride(0), c->sh = D, c->sp = k.stride(1);
+  } else if (layout == 1) {  // [B, N_kv, S, D]
+    if (k.dim() != 4 || k.size(1) != c->nkv || k.size(3) != D || k.stride(3) != 1) return false;
+    c->kv_len = k.size(2), c->sb = k.stride(0), c->sh = k.stride(1), c->sp = k.stride(2);
+  } else {  // [B, S, N_kv, D]
+    if (k.dim() != 4 || k.size(2) != c->nkv || k.size(3) != D || k.stride(3) != 1) return false;
+    c->kv_len = k.size(1), c->sb = k.stride(0), c->sh = k.stride(2), c->sp = k.stride(1);
+  }
+  return true;
+}
+
+const char *layout_name(int64_t layout) {
+  return layout == 1 ? "BNSD" : layout == 2 ? "BSND" : "BSH";
+}
+
+// The general op, through the dispatcher (boxed: its 22 arguments in schema order).
+at::Tensor general(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                   const std::optional<at::Tensor> &lengths,
+                   const std::optional<at::Tensor> &table, int64_t num_heads, int64_t nkv,
+                   int64_t layout, int64_t block_size, double scale) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      "npu::npu_incre_flash_attention_tensor", "");
+  torch::jit::Stack stack;
+  stack.reserve(22);
+  stack.emplace_back(q);
+  stack.emplace_back(k);
+  stack.emplace_back(v);
+  stack.emplace_back();         // padding_mask
+  stack.emplace_back();         // atten_mask
+  stack.emplace_back();         // pse_shift
+  stack.emplace_back(lengths);  // actual_seq_lengths
+  stack.emplace_back();         // antiquant_scale
+  stack.emplace_back();         // antiquant_offset
+  stack.emplace_back(table);    // block_table
+  for (int i = 0; i < 6; i++) stack.emplace_back();  // dequant/quant scales, kv_padding_size
+  stack.emplace_back(num_heads);
+  stack.emplace_back(scale);
+  stack.emplace_back(std::string(layout_name(layout)));
+  stack.emplace_back(nkv);
+  stack.emplace_back(block_size);
+  stack.emplace_back(int64_t(1));  // inner_precise
+  op.callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
+                           const at::Tensor &value, const std::optional<at::Tensor> &lengths,
+                           at::OptionalIntArrayRef ends,
+                           const std::optional<at::Tensor> &block_table, int64_t num_heads,
+                           int64_t num_key_value_heads, int64_t layout, int64_t block_size,
+                           double scale_value, bool defer) {
+  Canon c;
+  if (!canonical(query, key, value, block_table, num_heads, num_key_value_heads, layout,
+                 block_size, &c)) {
+    std::optional<at::Tensor> L = lengths;
+    if (ends.has_value())  // checked and clamped host lengths: the twin gives the same result
+      L = at::tensor(*ends, at::TensorOptions().dtype(at::kLong));
+    return general(query, key, value, L, block_table, num_heads, num_key_value_heads, layout,
+                   block_size, scale_value)
+        .contiguous();
+  }
+  const int64_t B = c.batch;
+  std::vector<int64_t> hi(B), lo(B, 0);
+  if (ends.has_value()) {  // the caller checked and clamped them
+    TORCH_CHECK(int64_t(ends->size()) == B, "torchair_native::ifa_decode: ", ends->size(),
+                " window ends for batch ", B);
+    for (int64_t b = 0; b < B; b++) hi[b] = (*ends)[b];
+  } else if (lengths.has_value()) {
+    const at::Tensor &L = *lengths;
+    if (!L.device().is_cpu() || L.scalar_type() != at::kLong || L.dim() != 1 ||
+        (L.size(0) != B && L.size(0) != 1))
+      return general(query, key, value, lengths, block_table, num_heads, num_key_value_heads,
+                     layout, block_size, scale_value)
+          .contiguous();
+    const int64_t *p = L.const_data_ptr<int64_t>();
+    const int64_t n = L.size(0), st = L.stride(0);
+    for (int64_t i = 0; i < n; i++)
+      if (p[i * st] < 0)
+        fail(defer, std::string(kOp) + ": actual_seq_lengths[" + std::to_string(i) +
+                        "]=" + std::to_string(p[i * st]) + " must be >= 0");
+    for (int64_t b = 0; b < B; b++) hi[b] = std::min(p[(n == 1 ? 0 : b) * st], c.kv_len);
+  } else {
+    std::fill(hi.begin(), hi.end(), c.kv_len);
+  }
+  const int64_t window = *std::max_element(hi.begin(), hi.end());
+  if (window <= 0)  // nothing attended anywhere
+    return at::zeros_like(query, at::MemoryFormat::Contiguous);
+  const int64_t rows = B * c.nkv;
+  int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  if (rows * window < kSerialWork) threads = 1;
+  int64_t splits = 1;
+  if (rows < 2 * threads)
+    splits = std::max<int64_t>(1, std::min((2 * threads + rows - 1) / rows, window / kMinSplit));
+  at::Tensor qf = query;
+  if (query.scalar_type() != at::kFloat || !query.is_contiguous())
+    qf = query.to(at::kFloat).contiguous();
+  const int64_t G = c.group, D = c.dim, items = rows * splits;
+  at::Tensor scratch = at::empty({items * G * (D + 2)}, query.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({rows, G, D}, query.options().dtype(at::kFloat));
+  at::Tensor out_l = at::empty({rows, G}, query.options().dtype(at::kFloat));
+  float *base = scratch.data_ptr<float>();
+  const void *tab = nullptr;
+  bool i32 = false;
+  int64_t tstride = 0;
+  if (block_table.has_value()) {
+    tab = block_table->const_data_ptr();
+    i32 = block_table->scalar_type() == at::kInt;
+    tstride = block_table->stride(0);
+  }
+  int64_t err[3] = {0, 0, 0};
+  int rc = g_decode(qf.const_data_ptr<float>(), nullptr, key.const_data_ptr(),
+                    value.const_data_ptr(), c.kind, c.sb, c.sh, c.sp, tab, i32 ? 1 : 0, tstride,
+                    c.block_size, c.num_blocks, lo.data(), hi.data(), nullptr, 0, int(B),
+                    int(c.nkv), int(G), int(D), int(splits), int(threads), base, base + items * G,
+                    base + 2 * items * G, out.data_ptr<float>(), out_l.data_ptr<float>(),
+                    float(scale_value), query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
+  if (rc == -2) {
+    std::ostringstream msg;
+    msg << kOp << ": block_table[" << err[0] << ", " << err[1] << "] = " << err[2]
+        << " is not a block of the KV cache (it has " << c.num_blocks << " blocks, ids 0.."
+        << c.num_blocks - 1 << "), but sequence " << err[0] << " reads positions [0, "
+        << hi[err[0]] << ") of it; fix the block table";
+    fail(defer, msg.str());
+  }
+  TORCH_CHECK(rc == 0, "torchair_native::ifa_decode: the native kernel refused its arguments (",
+              rc, ")");
+  if (query.scalar_type() != at::kFloat) out = out.to(query.scalar_type());
+  return out.view(query.sizes());
+}
+
+at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                      const std::optional<at::Tensor> &lengths, at::OptionalIntArrayRef ends,
+                      const std::optional<at::Tensor> &block_table, int64_t num_heads,
+                      int64_t num_key_value_heads, int64_t layout, int64_t block_size,
+                      double scale_value, bool defer_errors) {
+  try {
+    return ifa_decode_impl(query, key, value, lengths, ends, block_table, num_heads,
+                           num_key_value_heads, layout, block_size, scale_value, defer_errors);
+  } catch (const Deferred &) {
+    return at::zeros_like(query, at::MemoryFormat::Contiguous);
+  }
+}
+
+std::unique_ptr<torch::Library> g_def, g_impl;
+
+}  // namespace
+
+// Registration runs when the loader calls torchair_launch_register, not at dlopen: an error (the
+// namespace registered already by another copy of this library) is returned as text, never
+// thrown out of a static initializer.
+extern "C" {
+// The native decode kernel (torchair_decode_attention of decode_attention.c's library).
+void torchair_launch_set_decode(void *fn) { g_decode = reinterpret_cast<decode_fn_t>(fn); }
+
+// The error a deferred call kept in this thread (copied into buf, NUL-terminated), cleared:
+// returns its length, 0 when there is none.
+int torchair_launch_take_error(char *buf, int size) {
+  if (!t_has_pending) return 0;
+  std::snprintf(buf, size, "%s", t_pending.c_str());
+  int n = int(t_pending.size());
+  t_pending.clear();
+  t_has_pending = false;
+  return n > 0 ? n : 1;
+}
+
+int torchair_launch_register(char *err, int err_size) {
+  if (g_def) return 0;
+  try {
+    auto def = std::make_unique<torch::Library>(torch::Library::DEF, "torchair_native",
+                                                std::nullopt, __FILE__, __LINE__);
+    def->def("ifa_decode(Tensor query, Tensor key, Tensor value, Tensor? actual_seq_lengths, "
+             "int[]? ends, Tensor? block_table, int num_heads, int num_key_value_heads, "
+             "int layout, int block_size, float scale_value, bool defer_errors=False) -> Tensor");
+    auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, "torchair_native",
+                                                 c10::DispatchKey::CPU, __FILE__, __LINE__);
+    impl->impl("ifa_decode", &ifa_decode);
+    g_def = std::move(def);
+    g_impl = std::move(impl);
+  } catch (const std::exception &e) {
+    std::snprintf(err, err_size, "%s", e.what());
+    return 1;
+  }
+  return 0;
+}
+}
