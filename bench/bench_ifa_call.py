@@ -71,11 +71,8 @@ def _variants(args) -> dict:
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def general(_):
-        old, _ifa_fast.ENABLED = _ifa_fast.ENABLED, False
-        try:
+        with _ifa_fast.disabled():
             return op(q, k, v, actual_seq_lengths=lengths, **kw)
-        finally:
-            _ifa_fast.ENABLED = old
 
     def repeat(call):
         def run(_):

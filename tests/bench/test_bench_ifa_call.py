@@ -26,6 +26,12 @@ def test_tiny_run_saves_every_variant(tmp_path, capsys):
                        "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     per_call = payload["per_call_us"]
-    assert set(per_call) == {"kernel", "fast", "op", "twin", "general", "sdpa"}
+    from torchair.ops import _launch
+
+    launch = {"launch"} if _launch.available() else set()
+    assert set(per_call) == {"kernel", "ctypes-noop", "fast", "op", "twin", "general",
+                             "sdpa"} | launch
+    assert payload["kernel_own_us"] == pytest.approx(per_call["kernel"]["median"]
+                                                     - per_call["ctypes-noop"]["median"])
     assert all(v["median"] > 0 and v["n"] == 1 for v in per_call.values())
     assert "x kernel" in capsys.readouterr().out

@@ -107,7 +107,7 @@ def test_default_engine_two_gears(tmp_path):
     code, result = _run(tmp_path, "--batch", "1", "2")
     assert code == 0
     _check_static_once(result, [1, 2])
-    assert result["engine"] == "inductor"
+    assert result["engine"] == "inductor-cpp"  # static CPU units: C++ wrapper
 
 
 @pytest.mark.cuda

@@ -30,12 +30,8 @@ def route(request, monkeypatch):
 
 def _general(fn, *args, **kwargs):
     """The op through the general path."""
-    old = _ifa_fast.ENABLED
-    _ifa_fast.ENABLED = False
-    try:
+    with _ifa_fast.disabled():
         return fn(*args, **kwargs)
-    finally:
-        _ifa_fast.ENABLED = old
 
 
 def _case(layout, dtype, batch=3, heads=8, nkv=2, dim=64, seq=40, seed=0):

@@ -208,7 +208,7 @@ def test_deferred_errors_are_kept_once_and_cleared():
 def test_registering_again_is_refused_quietly():
     lib = _native.load("launch_ops", symbols=_launch._SYMBOLS)
     err = ctypes.create_string_buffer(256)
-    assert lib.torchair_launch_register(err, len(err)) == 0  # already registered: no-op
+    assert lib.torchair_launch_register(1, err, len(err)) == 0  # already registered: no-op
 
 
 # ------------------------------------------------------------------------------ static units
@@ -298,3 +298,87 @@ def test_bind_leaves_the_traced_graph_alone():
     assert seen["before"] == seen["after"]
     assert TWIN.default in seen["after"] and _launch.ifa_decode() not in seen["after"]
     assert _launch.ifa_decode() in seen["bound"] and TWIN.default not in seen["bound"]
+
+
+# ------------------------------------------------------------------------------ eager entry
+
+def _python_calls_into_torchair(fn):
+    """The torchair functions Python enters while ``fn`` runs."""
+    import sys
+
+    seen = []
+
+    def prof(frame, event, arg):
+        if event == "call" and "/torchair/" in frame.f_code.co_filename:
+            seen.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    sys.setprofile(prof)
+    try:
+        out = fn()
+    finally:
+        sys.setprofile(None)
+    return out, seen
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["host-lengths", "tensor-twin"])
+def test_eager_call_runs_no_python_once_its_signature_is_validated(twin):
+    from torchair.ops import _ifa_fast
+
+    q, k, v = _bnsd()
+    lengths = [40, 3, 17]
+    kw = dict(num_heads=8, num_key_value_heads=2, input_layout="BNSD", scale_value=0.125)
+
+    def call():
+        if twin:
+            return TWIN(q, k, v, actual_seq_lengths=torch.tensor(lengths), **kw)
+        return IFA(q, k, v, actual_seq_lengths=lengths, **kw)
+
+    _ifa_fast.clear()
+    first, seen = _python_calls_into_torchair(call)
+    assert seen, "the first call of a signature runs the general op (validation)"
+    again, seen = _python_calls_into_torchair(call)
+    assert seen == [] and torch.equal(again, first)
+    with _ifa_fast.disabled():
+        general, seen = _python_calls_into_torchair(call)
+    assert seen and torch.equal(general, first)
+
+
+def test_eager_entry_reports_the_general_ops_errors_every_time():
+    from torchair.ops import _ifa_fast
+
+    _ifa_fast.clear()
+    q, k, v = _bnsd(seq=64)
+    kb, table = paged(k, 16, torch.Generator().manual_seed(2))
+    vb = paged(v, 16, torch.Generator().manual_seed(2))[0]
+    kw = dict(num_heads=8, num_key_value_heads=2, input_layout="BNSD", scale_value=0.125,
+              block_table=table, block_size=16)
+    for _ in range(2):  # a signature the general op refuses is never recorded
+        with pytest.raises(ValueError, match="block_size=32"):
+            IFA(q, kb, vb, actual_seq_lengths=[64, 16, 20], **{**kw, "block_size": 32})
+    IFA(q, kb, vb, actual_seq_lengths=[64, 16, 20], **kw)  # validated
+    with pytest.raises(ValueError, match=r"actual_seq_lengths\[2\]=-2 must be >= 0"):
+        IFA(q, kb, vb, actual_seq_lengths=[64, 16, -2], **kw)
+    with pytest.raises(ValueError, match="must be >= maxBlockNumPerSeq=5"):
+        IFA(q, kb, vb, actual_seq_lengths=[64, 16, 65], **kw)
+    with pytest.raises(ValueError, match="blocknum 15 must be >= the blocks needed"):
+        _blocknum_error(q, kb, vb, kw)
+    bad = table.clone()
+    bad[1, 0] = -7
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] = -7 is not a block"):
+        IFA(q, kb, vb, actual_seq_lengths=[64, 16, 20], **{**kw, "block_table": bad})
+    assert torch.equal(IFA(q, kb, vb, actual_seq_lengths=[64, 16, 20], **kw),
+                       _general_ifa(q, kb, vb, actual_seq_lengths=[64, 16, 20], **kw))
+
+
+def _blocknum_error(q, kb, vb, kw):
+    """Lengths whose blocks together exceed the cache (15 blocks) with a wide enough table."""
+    wide = {**kw, "block_table": torch.cat([kw["block_table"], kw["block_table"]], 1)}
+    IFA(q, kb, vb, actual_seq_lengths=[64, 16, 20], **wide)  # 8 columns, valid ids: validated
+    return IFA(q, kb, vb, actual_seq_lengths=[128, 128, 128], **wide)
+
+
+def _general_ifa(*args, **kwargs):
+    from torchair.ops import _ifa_fast
+
+    with _ifa_fast.disabled():
+        return IFA(*args, **kwargs)

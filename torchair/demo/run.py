@@ -310,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  why not static: {reason}")
     if device == "cpu" and args.engine == "inductor":
         print("note: the Inductor engine fuses npu_add_rms_norm (lowered to its formula) with "
+              "its neighbours; npu_incre_flash_attention runs the same CPU kernel as eager, "
+              "called from Inductor's C++ wrapper through torchair's C++ launch kernel (no "
+              "Python inside the unit)" if summary["engine"] == "inductor-cpp" else
+              "note: the Inductor engine fuses npu_add_rms_norm (lowered to its formula) with "
               "its neighbours; npu_incre_flash_attention runs the same CPU kernel as eager")
     wall = time.perf_counter() - start
     total = sum(len(r["eager_tokens"]) * args.steps for r in rows)

@@ -26,10 +26,11 @@ signature the fast path does not take is remembered as such (``None``).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -37,9 +38,9 @@ from torchair.ops import _decode_native, _device_checks, _launch, _native
 from torchair.ops import _ifa_checks
 from torchair.ops import _ifa_compute as _compute
 
-__all__ = ["ENABLED", "call", "clear"]
+__all__ = ["ENABLED", "call", "clear", "disabled"]
 
-ENABLED = True  # tests that replace a piece of the general path turn the fast path off
+ENABLED = True  # off inside disabled() (tests that replace a piece of the general path)
 _MAX_ENTRIES = 256
 _bound: dict[tuple, _Bound | None] = {}
 _lock = threading.Lock()
@@ -82,9 +83,25 @@ class _Strided:
 
 
 def clear() -> None:
-    """Forget every signature (tests; a rebuilt kernel library)."""
+    """Forget every signature (tests; a rebuilt kernel library), here and in the C++ entry."""
     with _lock:
         _bound.clear()
+    _launch.clear()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The general path for every call inside the block: this fast path and the C++ eager entry
+    of the op (:mod:`torchair.ops._launch`) are off."""
+    global ENABLED
+    old = ENABLED
+    ENABLED = False
+    _launch.set_eager(False)
+    try:
+        yield
+    finally:
+        ENABLED = old
+        _launch.set_eager(old)
 
 
 def _signature(query, key, value, lengths, block_table, num_heads, layout, nkv, block_size):

@@ -42,12 +42,13 @@ __all__ = ["LAYOUTS", "available", "bind_static_unit", "checked", "ifa_decode", 
 
 LAYOUTS = {"BSH": 0, "BNSD": 1, "BSND": 2}
 _SYMBOLS = ("torchair_launch_set_decode", "torchair_launch_register",
-            "torchair_launch_take_error")
+            "torchair_launch_take_error", "torchair_launch_set_eager", "torchair_launch_clear")
 # keyword arguments of npu_incre_flash_attention_tensor that the launch kernel takes
 _TAKEN = {"actual_seq_lengths", "block_table", "num_heads", "scale_value", "input_layout",
           "num_key_value_heads", "block_size", "inner_precise"}
 _fake_lib: Any = None
-_take_error: Any = None  # ctypes function of the loaded library
+_lib: Any = None  # the loaded library (ctypes)
+_take_error: Any = None  # its torchair_launch_take_error
 _error_buf = ctypes.create_string_buffer(8192)
 
 
@@ -58,7 +59,7 @@ def available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _load() -> bool:
-    global _fake_lib, _take_error
+    global _fake_lib, _take_error, _lib
     if not _decode_native.available():
         return False
     lib = _native.load("launch_ops", symbols=_SYMBOLS)
@@ -66,17 +67,58 @@ def _load() -> bool:
         return False
     lib.torchair_launch_set_decode.argtypes = [ctypes.c_void_p]
     lib.torchair_launch_set_decode(ctypes.cast(_decode_native.kernel(), ctypes.c_void_p))
+    from torchair.ops import _registry
+
+    npu_entry = all(_registry.defined_here(name) for name in _IFA_OPS)
+    if npu_entry:
+        _define_general()
     err = ctypes.create_string_buffer(4096)
-    lib.torchair_launch_register.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    if lib.torchair_launch_register(err, len(err)) != 0:
+    lib.torchair_launch_register.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    if lib.torchair_launch_register(int(npu_entry), err, len(err)) != 0:
         logger.warning("launch kernels could not be registered with the dispatcher (%s); static "
                        "units call the general ops", err.value.decode(errors="replace"))
         return False
     _fake_lib = torch.library.Library("torchair_native", "FRAGMENT")
     torch.library.register_fake("torchair_native::ifa_decode", _ifa_decode_fake, lib=_fake_lib)
     lib.torchair_launch_take_error.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.torchair_launch_set_eager.argtypes = [ctypes.c_int]
     _take_error = lib.torchair_launch_take_error
+    _lib = lib
     return True
+
+
+_IFA_OPS = ("npu_incre_flash_attention", "npu_incre_flash_attention_tensor")
+
+
+def _define_general() -> None:
+    """``torchair_native::ifa_general[_tensor]``: the npu ops' Python implementation under
+    another name, for the C++ entry to call when it does not take a call (the npu ops' own CPU
+    kernel is then the C++ entry)."""
+    from torchair.ops import incre_flash_attention as ifa
+
+    global _general_lib
+    _general_lib = torch.library.Library("torchair_native", "FRAGMENT")
+    for op, name in zip(_IFA_OPS, ("ifa_general", "ifa_general_tensor")):
+        schema = (ifa._SCHEMA if op == _IFA_OPS[0] else ifa._TWIN_SCHEMA).replace(
+            f"{op}(", f"{name}(", 1)
+        _general_lib.define(schema)
+        _general_lib.impl(name, ifa._eager, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"torchair_native::{name}", ifa._fake, lib=_general_lib)
+
+
+_general_lib: Any = None
+
+
+def set_eager(on: bool) -> None:
+    """Turn the C++ eager entry of ``npu_incre_flash_attention`` on or off (when loaded)."""
+    if _lib is not None:
+        _lib.torchair_launch_set_eager(int(on))
+
+
+def clear() -> None:
+    """Forget the signatures the C++ eager entry has seen validated (when loaded)."""
+    if _lib is not None:
+        _lib.torchair_launch_clear()
 
 
 def loaded() -> bool:

@@ -21,6 +21,7 @@ import torch
 NAMESPACE = "npu"
 _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
 _defined: dict[str, torch._ops.OpOverloadPacket] = {}
+_ours: set[str] = set()  # names this module defined (not a real torch_npu's)
 
 
 def _op_name(schema: str) -> str:
@@ -43,8 +44,14 @@ def define_op(schema: str, *, fake: Callable, kernel: Callable) -> torch._ops.Op
         _lib.impl(name, kernel, "CompositeExplicitAutograd")
         torch.library.register_fake(f"{NAMESPACE}::{name}", lib=_lib)(fake)
         packet = getattr(getattr(torch.ops, NAMESPACE), name)
+        _ours.add(name)
     _defined[name] = packet
     return packet
+
+
+def defined_here(name: str) -> bool:
+    """Whether torchair defined ``npu::<name>`` (False when a real torch_npu provides it)."""
+    return name in _ours
 
 
 def _exists(name: str) -> bool:

@@ -26,6 +26,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <mutex>
+#include <set>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -153,13 +158,15 @@ const char *layout_name(int64_t layout) {
   return layout == 1 ? "BNSD" : layout == 2 ? "BSND" : "BSH";
 }
 
-// The general op, through the dispatcher (boxed: its 22 arguments in schema order).
+// The general op (torchair's Python implementation, registered by the loader as
+// torchair_native::ifa_general_tensor: npu::npu_incre_flash_attention_tensor's own CPU kernel is
+// the entry below), through the dispatcher (boxed: its 22 arguments in schema order).
 at::Tensor general(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                    const std::optional<at::Tensor> &lengths,
                    const std::optional<at::Tensor> &table, int64_t num_heads, int64_t nkv,
                    int64_t layout, int64_t block_size, double scale) {
   static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(
-      "npu::npu_incre_flash_attention_tensor", "");
+      "torchair_native::ifa_general_tensor", "");
   torch::jit::Stack stack;
   stack.reserve(22);
   stack.emplace_back(q);
@@ -235,9 +242,11 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
   if (query.scalar_type() != at::kFloat || !query.is_contiguous())
     qf = query.to(at::kFloat).contiguous();
   const int64_t G = c.group, D = c.dim, items = rows * splits;
-  at::Tensor scratch = at::empty({items * G * (D + 2)}, query.options().dtype(at::kFloat));
-  at::Tensor out = at::empty({rows, G, D}, query.options().dtype(at::kFloat));
-  at::Tensor out_l = at::empty({rows, G}, query.options().dtype(at::kFloat));
+  // one scratch buffer: part_m, part_l [items, G], part_acc [items, G, D], the softmax sums
+  // [rows, G] (not returned); the output [rows, G, D] is the query's shape (S_q = 1)
+  at::Tensor scratch =
+      at::empty({items * G * (D + 2) + rows * G}, query.options().dtype(at::kFloat));
+  at::Tensor out = at::empty(query.sizes(), query.options().dtype(at::kFloat));
   float *base = scratch.data_ptr<float>();
   const void *tab = nullptr;
   bool i32 = false;
@@ -252,7 +261,7 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
                     value.const_data_ptr(), c.kind, c.sb, c.sh, c.sp, tab, i32 ? 1 : 0, tstride,
                     c.block_size, c.num_blocks, lo.data(), hi.data(), nullptr, 0, int(B),
                     int(c.nkv), int(G), int(D), int(splits), int(threads), base, base + items * G,
-                    base + 2 * items * G, out.data_ptr<float>(), out_l.data_ptr<float>(),
+                    base + 2 * items * G, out.data_ptr<float>(), base + items * G * (D + 2),
                     float(scale_value), query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
   if (rc == -2) {
     std::ostringstream msg;
@@ -265,7 +274,7 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
   TORCH_CHECK(rc == 0, "torchair_native::ifa_decode: the native kernel refused its arguments (",
               rc, ")");
   if (query.scalar_type() != at::kFloat) out = out.to(query.scalar_type());
-  return out.view(query.sizes());
+  return out;
 }
 
 at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
@@ -280,6 +289,166 @@ at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::
     return at::zeros_like(query, at::MemoryFormat::Contiguous);
   }
 }
+
+
+// ---------------------------------------------------------------------------------------------
+// Eager entry: the CPU kernel of npu::npu_incre_flash_attention and of its tensor twin (boxed,
+// the ops' 22 arguments). A call the decode kernel takes runs here without Python; anything
+// else, a signature seen for the first time (the general op validates it once: its errors are
+// the general op's), a length or block id the general op must report, runs the general op
+// (torchair_native::ifa_general[_tensor], torchair's Python implementation).
+
+std::atomic<bool> g_eager_on{true};  // torchair.ops._ifa_fast.disabled() turns it off
+std::mutex g_sig_mutex;
+std::set<std::vector<int64_t>> g_signatures;  // validated by the general op
+std::atomic<uint64_t> g_sig_epoch{0};         // bumped whenever signatures are forgotten
+constexpr size_t kMaxSignatures = 256;
+
+bool native_disabled() {  // TORCHAIR_NATIVE_KERNELS=0 / false / off / no (read per call)
+  const char *e = std::getenv("TORCHAIR_NATIVE_KERNELS");
+  if (e == nullptr) return false;
+  std::string v;
+  for (const char *p = e; *p; p++)
+    if (!std::isspace(static_cast<unsigned char>(*p)))
+      v.push_back(char(std::tolower(static_cast<unsigned char>(*p))));
+  return v == "0" || v == "false" || v == "off" || v == "no";
+}
+
+void add_tensor(std::vector<int64_t> &sig, const at::Tensor &t) {
+  sig.push_back(int64_t(t.scalar_type()));
+  sig.push_back(int64_t(t.device().type()));
+  sig.push_back(t.dim());
+  for (auto x : t.sizes()) sig.push_back(x);
+  for (auto x : t.strides()) sig.push_back(x);
+}
+
+constexpr int kArgs = 22;  // the schema's arguments
+
+// The result of a call the kernel takes, or nullopt (the general op runs).
+std::optional<at::Tensor> eager_fast(c10::ArrayRef<c10::IValue> a, bool twin) {
+  if (!g_eager_on.load(std::memory_order_relaxed) || g_decode == nullptr || native_disabled())
+    return std::nullopt;
+  static const int none_args[] = {3, 4, 5, 7, 8, 10, 11, 12, 13, 14, 15};
+  for (int i : none_args)
+    if (!a[i].isNone()) return std::nullopt;
+  if (!a[0].isTensor() || !a[1].isTensor() || !a[2].isTensor() || !a[16].isInt() ||
+      !a[17].isDouble() || !a[18].isString() || !a[19].isInt() || !a[20].isInt() ||
+      !a[21].isInt())
+    return std::nullopt;
+  const int64_t inner = a[21].toInt();
+  if (inner != 0 && inner != 1) return std::nullopt;
+  const at::Tensor &q = a[0].toTensor(), &k = a[1].toTensor(), &v = a[2].toTensor();
+  std::optional<at::Tensor> table;
+  if (!a[9].isNone()) {
+    if (!a[9].isTensor()) return std::nullopt;
+    table = a[9].toTensor();
+  }
+  const std::string &layout_s = a[18].toStringRef();
+  const int64_t layout = layout_s == "BSH" ? 0 : layout_s == "BNSD" ? 1 : layout_s == "BSND" ? 2 : -1;
+  const int64_t heads = a[16].toInt(), nkv = a[19].toInt(), bs = a[20].toInt();
+  Canon c;
+  if (layout < 0 || !canonical(q, k, v, table, heads, nkv, layout, bs, &c)) return std::nullopt;
+  const int64_t B = c.batch;
+  // lengths: the values a call may bring
+  std::vector<int64_t> lens;
+  std::optional<at::Tensor> lt;
+  int64_t count = -1;  // -1: no lengths
+  if (twin) {
+    if (!a[6].isNone()) {
+      if (!a[6].isTensor()) return std::nullopt;
+      lt = a[6].toTensor();
+      if (!lt->device().is_cpu() || lt->scalar_type() != at::kLong || lt->dim() != 1)
+        return std::nullopt;
+      count = lt->size(0);
+    }
+  } else if (!a[6].isNone()) {
+    if (!a[6].isIntList()) return std::nullopt;  // symbolic: not an eager call
+    lens = a[6].toIntVector();
+    count = int64_t(lens.size());
+  }
+  if (count != -1 && count != B && count != 1) return std::nullopt;
+  // the signature: shapes, strides, dtypes, devices and options the general op validated
+  std::vector<int64_t> sig{twin ? 1 : 0, heads, nkv, layout, bs, inner, count};
+  add_tensor(sig, q);
+  add_tensor(sig, k);
+  add_tensor(sig, v);
+  if (table) add_tensor(sig, *table);
+  thread_local std::vector<int64_t> t_last;  // the last signature this thread found
+  thread_local uint64_t t_last_epoch = ~uint64_t(0);
+  if (sig != t_last || t_last_epoch != g_sig_epoch.load(std::memory_order_relaxed)) {
+    std::lock_guard<std::mutex> lock(g_sig_mutex);
+    if (!g_signatures.count(sig)) return std::nullopt;
+    t_last = sig;
+    t_last_epoch = g_sig_epoch.load(std::memory_order_relaxed);
+  }
+  std::vector<int64_t> ends(B, c.kv_len);
+  if (count != -1) {
+    if (lt) {
+      const int64_t *p = lt->const_data_ptr<int64_t>();
+      lens.resize(count);
+      for (int64_t i = 0; i < count; i++) lens[i] = p[i * lt->stride(0)];
+    }
+    int64_t need_max = 0, need_sum = 0;
+    for (int64_t b = 0; b < B; b++) {
+      const int64_t x = lens[count == 1 ? 0 : b];
+      if (x < 0) return std::nullopt;  // the general op's ValueError
+      if (table && !twin) {
+        const int64_t need = (x + bs - 1) / bs;
+        need_max = std::max(need_max, need);
+        need_sum += need;
+      }
+      ends[b] = std::min(x, c.kv_len);
+    }
+    if (table && !twin && (need_max > table->size(1) || need_sum > c.num_blocks))
+      return std::nullopt;  // the general op's table-width / blocknum ValueError
+  }
+  return ifa_decode_impl(q, k, v, std::nullopt, ends, table, heads, nkv, layout, bs,
+                         a[17].toDouble(), false);
+}
+
+template <bool Twin>
+void ifa_entry(const c10::OperatorHandle &, c10::DispatchKeySet, torch::jit::Stack *stack) {
+  auto args = torch::jit::last(*stack, kArgs);
+  if (auto out = eager_fast(args, Twin)) {
+    torch::jit::drop(*stack, kArgs);
+    stack->emplace_back(std::move(*out));
+    return;
+  }
+  static const c10::OperatorHandle general_op = c10::Dispatcher::singleton().findSchemaOrThrow(
+      Twin ? "torchair_native::ifa_general_tensor" : "torchair_native::ifa_general", "");
+  std::vector<int64_t> sig;  // recorded once the general op took the call
+  {
+    const c10::IValue *a = args.data();
+    int64_t count = -1;
+    if (!a[6].isNone())
+      count = a[6].isTensor() ? a[6].toTensor().dim() == 1 ? a[6].toTensor().size(0) : -2
+                              : a[6].isIntList() ? int64_t(a[6].toIntVector().size()) : -2;
+    bool plain = a[0].isTensor() && a[1].isTensor() && a[2].isTensor() && a[16].isInt() &&
+                 a[18].isString() && a[19].isInt() && a[20].isInt() && a[21].isInt() &&
+                 (a[9].isNone() || a[9].isTensor()) && count != -2;
+    static const int none_args[] = {3, 4, 5, 7, 8, 10, 11, 12, 13, 14, 15};
+    for (int i : none_args) plain = plain && a[i].isNone();
+    const std::string layout_s = plain ? a[18].toStringRef() : std::string();
+    const int64_t layout =
+        layout_s == "BSH" ? 0 : layout_s == "BNSD" ? 1 : layout_s == "BSND" ? 2 : -1;
+    if (plain && layout >= 0) {
+      sig = {Twin ? 1 : 0, a[16].toInt(), a[19].toInt(), layout, a[20].toInt(), a[21].toInt(),
+             count};
+      add_tensor(sig, a[0].toTensor());
+      add_tensor(sig, a[1].toTensor());
+      add_tensor(sig, a[2].toTensor());
+      if (a[9].isTensor()) add_tensor(sig, a[9].toTensor());
+    }
+  }
+  general_op.callBoxed(stack);  // raises the general op's errors: then nothing is recorded
+  if (!sig.empty()) {
+    std::lock_guard<std::mutex> lock(g_sig_mutex);
+    if (g_signatures.size() >= kMaxSignatures) g_signatures.clear(), g_sig_epoch++;
+    g_signatures.insert(std::move(sig));
+  }
+}
+
+std::unique_ptr<torch::Library> g_npu_impl;
 
 std::unique_ptr<torch::Library> g_def, g_impl;
 
@@ -303,7 +472,19 @@ int torchair_launch_take_error(char *buf, int size) {
   return n > 0 ? n : 1;
 }
 
-int torchair_launch_register(char *err, int err_size) {
+// Turns the eager entry on or off (torchair.ops._ifa_fast.disabled) and forgets the
+// validated signatures (tests; a kernel library rebuilt).
+void torchair_launch_set_eager(int on) { g_eager_on.store(on != 0); }
+void torchair_launch_clear(void) {
+  std::lock_guard<std::mutex> lock(g_sig_mutex);
+  g_signatures.clear();
+  g_sig_epoch++;
+}
+
+// Registers torchair_native::ifa_decode; with npu_entry, also the eager entry as the CPU kernel
+// of npu::npu_incre_flash_attention[_tensor] (only when torchair defined those ops, and after
+// the loader defined torchair_native::ifa_general[_tensor]).
+int torchair_launch_register(int npu_entry, char *err, int err_size) {
   if (g_def) return 0;
   try {
     auto def = std::make_unique<torch::Library>(torch::Library::DEF, "torchair_native",
@@ -314,8 +495,18 @@ int torchair_launch_register(char *err, int err_size) {
     auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, "torchair_native",
                                                  c10::DispatchKey::CPU, __FILE__, __LINE__);
     impl->impl("ifa_decode", &ifa_decode);
+    std::unique_ptr<torch::Library> npu;
+    if (npu_entry) {
+      npu = std::make_unique<torch::Library>(torch::Library::IMPL, "npu", c10::DispatchKey::CPU,
+                                             __FILE__, __LINE__);
+      npu->impl("npu_incre_flash_attention",
+                torch::CppFunction::makeFromBoxedFunction<&ifa_entry<false>>());
+      npu->impl("npu_incre_flash_attention_tensor",
+                torch::CppFunction::makeFromBoxedFunction<&ifa_entry<true>>());
+    }
     g_def = std::move(def);
     g_impl = std::move(impl);
+    g_npu_impl = std::move(npu);
   } catch (const std::exception &e) {
     std::snprintf(err, err_size, "%s", e.what());
     return 1;
