@@ -17,6 +17,10 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
   ``experimental_config.tiling_schedule_optimize`` (lengths sunk into a device buffer, one static
   launch unit), default engine (Inductor).
 - ``torchair-fx``: the same with ``debug.run_eagerly=True`` (FX engine: ATen ops one by one).
+- ``torchair-nodynamo``: ``torchair``'s compiled function called directly with Dynamo's
+  flattened arguments: the step minus Dynamo's per-call work (frame, guards, argument
+  extraction). A diagnostic of where the time goes (nothing is guarded), not a way to call a
+  model.
 - ``reduce-overhead`` (CUDA only): ``torch.compile(mode="reduce-overhead", dynamic=True,
   fullgraph=True)``, KV caches ``mark_static_address``. Inductor's CUDA graphs key on the SymInt
   values, so new lengths every step mean no replay of an earlier recording.
@@ -52,7 +56,8 @@ from torchair.demo._roofline import (GemvFloor, floor_us, kv_read_bytes,  # noqa
 
 FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight GEMVs alone
 
-ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-fx", "reduce-overhead")
+ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-fx", "torchair-nodynamo",
+                "reduce-overhead")
 
 
 # ------------------------------------------------------------------------------ model
@@ -191,6 +196,57 @@ def _torchair_backend(run_eagerly: bool) -> Callable:
     return torchair.get_npu_backend(compiler_config=cfg)
 
 
+class _NoDynamo:
+    """torchair path 4's compiled function called directly with Dynamo's flattened arguments:
+    the step without Dynamo's per-call work (frame evaluation, guards, argument extraction).
+    A diagnostic of where the step's time goes, not a way to call a model: nothing is guarded.
+
+    The first call runs the Dynamo-compiled module (compiling it) and records the flat
+    arguments the backend's function got; later calls rebuild them from the step's inputs: the
+    step's ``x`` and ``pos`` where the first call had its own, the lengths at the int
+    positions (checked against the first call's lengths, in order), everything else (weights,
+    KV caches) as recorded."""
+
+    def __init__(self) -> None:
+        self.fn: Callable | None = None
+        self.flat: tuple = ()
+
+    def backend(self, gm, example_inputs):
+        fn = _torchair_backend(False)(gm, example_inputs)
+
+        def record(*flat):
+            self.flat = flat
+            return fn(*flat)
+
+        self.fn = fn
+        return record
+
+    def bind(self, model: DecoderStep) -> Callable:
+        compiled = torch.compile(model, backend=self.backend, dynamic=True, fullgraph=True)
+        slots: dict[str, Any] = {}
+
+        def call(x, pos, lens, k_caches, v_caches):
+            if not slots:
+                out = compiled(x, pos, lens, k_caches, v_caches)
+                ints = [j for j, a in enumerate(self.flat) if isinstance(a, int)]
+                if [self.flat[j] for j in ints] != list(lens):
+                    raise RuntimeError(f"the flat arguments' ints {[self.flat[j] for j in ints]}"
+                                       f" are not the lengths {list(lens)}")
+                slots.update(x=[j for j, a in enumerate(self.flat) if a is x],
+                             pos=[j for j, a in enumerate(self.flat) if a is pos], ints=ints)
+                return out
+            flat = list(self.flat)
+            for j in slots["x"]:
+                flat[j] = x
+            for j in slots["pos"]:
+                flat[j] = pos
+            for j, n in zip(slots["ints"], lens):
+                flat[j] = n
+            return self.fn(*flat)[0]
+
+        return call
+
+
 def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
                  init_v: list[torch.Tensor]) -> Variant:
     k_caches = [t.clone() for t in init_k]
@@ -213,6 +269,10 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
         compiled = torch.compile(model, backend=_torchair_backend(True), dynamic=True,
                                  fullgraph=True)
         describe = "torchair path 4 with debug.run_eagerly=True (FX engine)"
+    elif name == "torchair-nodynamo":
+        compiled = _NoDynamo().bind(model)
+        describe = ("torchair path 4's compiled function called directly with Dynamo's flat "
+                    "arguments: the step minus Dynamo's per-call work (diagnostic: unguarded)")
     elif name == "reduce-overhead":
         for t in k_caches + v_caches:
             torch._dynamo.mark_static_address(t)
