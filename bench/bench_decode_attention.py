@@ -6,9 +6,9 @@ per sequence, GQA 8:1 (32 query heads, 4 kv heads, head dim 128), contiguous KV 
 ``[B, 4, L, D]``, every sequence attending all L positions (so the bytes read are exactly
 ``B * Nkv * L * D * 2 * itemsize``). Variants, timed in interleaved rounds (``_harness``):
 
-* ``kernel``: ``torchair.ops._decode.decode_attention`` -- the kernel registered for the device
-  (``_decode_cpu`` on CPU, which runs the native C kernel when it is built; on CUDA the Triton
-  kernel when one is registered, else skipped);
+* ``kernel``: ``torchair.ops.attention.decode.decode_attention`` -- the kernel registered for the
+  device (``torchair.ops.attention.cpu.decode`` on CPU, which runs the native C kernel when it is
+  built; on CUDA the Triton kernel when one is registered, else skipped);
 * ``blas`` (CPU): the same entry point with native kernels off (``TORCHAIR_NATIVE_KERNELS=0``):
   the chunked BLAS path;
 * ``sdpa``: ``F.scaled_dot_product_attention`` with q ``[B, 32, 1, D]``, the same k/v
@@ -41,7 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as H
 
 import torchair.ops  # noqa: F401  (registers the kernels)
-from torchair.ops import _decode, _decode_native, _native
+from torchair.ops.attention import decode as _decode
+from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.toolchain import native as _native
 
 HEADS, KV_HEADS, DIM = 32, 4, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

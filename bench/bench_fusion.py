@@ -58,8 +58,8 @@ import _harness as H  # noqa: E402
 from bench_decode_attention import copy_bandwidth  # noqa: E402
 
 import torchair  # noqa: E402  (registers torch.ops.npu.*)
-from torchair.ops import dynamic_quant as _dq  # noqa: E402
-from torchair.ops import rms_norm as _rn  # noqa: E402
+from torchair.ops.quant import dynamic_quant as _dq  # noqa: E402
+from torchair.ops.norm import rms_norm as _rn  # noqa: E402
 from torchair.patterns import add_rms_norm as P  # noqa: E402
 
 npu = torch.ops.npu

@@ -9,7 +9,7 @@ heads / kv heads, D from the flags; float32):
   itself costs inside the ``kernel`` row, so the kernel's own time is ``kernel - ctypes-noop``;
 * ``launch``: ``torch.ops.torchair_native.ifa_decode`` (the C++ launch kernel through the
   dispatcher, int64 lengths tensor): exactly the call a CPU static unit's generated code makes;
-* ``fast``: ``torchair.ops._ifa_fast.call`` (the bound fast path, no dispatcher);
+* ``fast``: ``torchair.ops.attention.ifa_fast.call`` (the bound fast path, no dispatcher);
 * ``op``: ``torch.ops.npu.npu_incre_flash_attention`` (dispatcher + fast path), what scripts call;
 * ``twin``: the tensor twin with int64 lengths (what a static unit calls);
 * ``general``: the op with the fast path off (validation and planning per call);
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import torchair  # noqa: E402,F401  (registers the ops)
-from torchair.ops import _decode_native, _ifa_fast, _launch  # noqa: E402
+from torchair.ops.attention.cpu import launch as _launch, native as _decode_native  # noqa: E402
+from torchair.ops.attention import ifa_fast as _ifa_fast  # noqa: E402
 
 
 def _variants(args) -> dict:

@@ -31,6 +31,6 @@ arch=$(python -c "import torch; p = torch.cuda.get_device_properties(0); print(p
 run pytest_cuda python -m pytest -q -m cuda -p no:cacheprovider --continue-on-collection-errors tests
 run decode_attention python bench/bench_decode_attention.py --device cuda \
     --out "$out/decode_attention_cuda.json"
-run triton_static python -m torchair.ops._triton_aot --arch "$arch" \
+run triton_static python -m torchair.ops.toolchain.triton_aot --arch "$arch" \
     --json "$out/triton_sm${arch}_static.json"
 exit $status

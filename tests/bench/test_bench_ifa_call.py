@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from torchair.ops import _decode_native
+from torchair.ops.attention.cpu import native as _decode_native
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -26,7 +26,7 @@ def test_tiny_run_saves_every_variant(tmp_path, capsys):
                        "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     per_call = payload["per_call_us"]
-    from torchair.ops import _launch
+    from torchair.ops.attention.cpu import launch as _launch
 
     launch = {"launch"} if _launch.available() else set()
     assert set(per_call) == {"kernel", "ctypes-noop", "fast", "op", "twin", "general",

@@ -3,7 +3,7 @@ import torch
 import torch._dynamo
 
 import torchair
-from torchair.ops.incre_flash_attention import incre_flash_attention_reference
+from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 
 B, S, H = 2, 16, 8
 

@@ -203,7 +203,7 @@ def test_leftovers_of_killed_processes_are_swept_on_the_next_cold_start(tmp_path
 
 
 def test_ahead_of_time_entries_are_keyed_by_the_cpu(monkeypatch):
-    from torchair.ops import _native
+    from torchair.ops.toolchain import native as _native
 
     model = Model()
     plain = keys.key_parts(model.step, _config(), True, None)

@@ -1,4 +1,5 @@
-"""The CPU decode kernel (``torchair.ops._decode_cpu``) against ``decode_attention_reference``."""
+"""The CPU decode kernel (``torchair.ops.attention.cpu.decode``) against
+``decode_attention_reference``."""
 
 import pytest
 import torch
@@ -7,9 +8,10 @@ from _decode_check import TOL, check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
-from torchair.ops import _decode, _decode_cpu
-from torchair.ops._decode import decode_attention, decode_attention_reference
-from torchair.ops._decode_cpu import decode_attention_cpu
+from torchair.ops.attention import decode as _decode
+from torchair.ops.attention.cpu import decode as _decode_cpu
+from torchair.ops.attention.decode import decode_attention, decode_attention_reference
+from torchair.ops.attention.cpu.decode import decode_attention_cpu
 
 
 @pytest.fixture(params=[None, 8], ids=["auto-chunk", "chunk8"])
@@ -154,7 +156,7 @@ def test_dispatch_to_cpu_kernel(monkeypatch):
 
 def test_registered_on_import():
     from torchair import ops
-    assert ops._decode_cpu is _decode_cpu
+    assert ops.attention.cpu.decode is _decode_cpu
     with pytest.raises(RuntimeError, match="already registered"):
         _decode.register_decode_kernel("cpu")(decode_attention_cpu)
 

@@ -1,4 +1,4 @@
-"""The native (C) CPU decode kernel (``torchair.ops._decode_native``, built by ``_native``)
+"""The native (C) CPU decode kernel (``torchair.ops.attention.cpu.native``, built by ``_native``)
 against ``decode_attention_reference``, its fallbacks, and the build cache's safety."""
 import logging
 import os
@@ -12,9 +12,10 @@ from _decode_check import check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
-from torchair.ops import _decode_cpu, _decode_native, _native
-from torchair.ops._decode import decode_attention_reference
-from torchair.ops._decode_cpu import decode_attention_cpu
+from torchair.ops.attention.cpu import decode as _decode_cpu, native as _decode_native
+from torchair.ops.toolchain import native as _native
+from torchair.ops.attention.decode import decode_attention_reference
+from torchair.ops.attention.cpu.decode import decode_attention_cpu
 
 SESSION_CACHE = os.environ[_native.ENV_CACHE]  # the session's private cache (tests/conftest.py)
 HAVE_CC = shutil.which(os.environ.get("CC") or "cc") is not None
@@ -211,7 +212,7 @@ def test_block_ids_outside_the_cache_are_an_error(bad):
 
 
 # ---------------------------------------------------------------------------------------------
-# the build cache (torchair.ops._native)
+# the build cache (torchair.ops.toolchain.native)
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import torch
 
 from _paging import block_table, to_blocks
 
-from torchair.ops._decode import decode_attention_reference
+from torchair.ops.attention.decode import decode_attention_reference
 
 
 def _loop(q, k, v, lengths, start, mask, scale):

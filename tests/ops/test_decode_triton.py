@@ -19,8 +19,8 @@ pytest.importorskip("triton")
 from _interpreter import run_interpreted
 from _paging import block_table, to_blocks
 
-from torchair.ops import _decode_triton as dt
-from torchair.ops._decode import _kernels, decode_attention_reference
+from torchair.ops.attention.triton import decode as dt
+from torchair.ops.attention.decode import _kernels, decode_attention_reference
 
 INTERPRETED = dt.interpreted()
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -216,8 +216,8 @@ def test_cpu_tensors_without_interpreter_fail_clearly():
 
 def test_import_without_triton_subprocess():
     code = ("import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
-            "from torchair.ops import _decode_triton as dt\n"
-            "from torchair.ops._decode import _kernels\n"
+            "from torchair.ops.attention.triton import decode as dt\n"
+            "from torchair.ops.attention.decode import _kernels\n"
             "assert not dt.HAS_TRITON and 'cuda' not in _kernels\n"
             "import torchair.ops\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,

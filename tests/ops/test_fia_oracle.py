@@ -14,10 +14,8 @@ import torch
 from test_ifa_oracle import _scatter_like, from_layout, paged_cache, to_layout
 
 import torchair.ops  # noqa: F401 (registers the ops)
-from torchair.ops import fused_infer_attention_score as fia_module
-from torchair.ops.fused_infer_attention_score import (
-    fused_infer_attention_score_reference,
-)
+from torchair.ops.attention import fused_infer_attention_score as fia_module
+from torchair.ops.attention.fused_infer_attention_score import fused_infer_attention_score_reference
 
 OP = torch.ops.npu.npu_fused_infer_attention_score
 INT_MAX = 2147483647

@@ -1,14 +1,17 @@
-"""The eager fast path of npu_incre_flash_attention (torchair/ops/_ifa_fast.py): for every
+"""The eager fast path of npu_incre_flash_attention (torchair/ops/attention/ifa_fast.py): for every
 signature it takes, bit-identical to the general path (the same kernel and work split), the
 same ValueErrors for bad lengths and block ids, never stale when a stride, dtype or shape
 changes, and off when the native kernel is disabled. Every test runs twice: through the C++
-launch kernel (torchair/ops/_launch.py) and through the ctypes call (no C++ compiler)."""
+launch kernel (torchair/ops/attention/cpu/launch.py) and through the ctypes call (no C++
+compiler)."""
 import pytest
 import torch
 
 from tests.ops._paging import paged
-from torchair.ops import _decode_native, _ifa_checks, _ifa_fast, _launch, _native
-from torchair.ops.incre_flash_attention import incre_flash_attention_reference
+from torchair.ops.attention.cpu import launch as _launch, native as _decode_native
+from torchair.ops.attention import ifa_checks as _ifa_checks, ifa_fast as _ifa_fast
+from torchair.ops.toolchain import native as _native
+from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 
 pytestmark = pytest.mark.skipif(not _decode_native.available(),
                                 reason="needs the native kernel (a C compiler)")

@@ -13,7 +13,7 @@ import torch
 from test_ifa_oracle import D, N, build_case, check, expected, quantize
 
 import torchair.ops  # noqa: F401 (registers the ops)
-from torchair.ops.incre_flash_attention import incre_flash_attention_reference
+from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 
 OP = torch.ops.npu.npu_incre_flash_attention
 TWIN = torch.ops.npu.npu_incre_flash_attention_tensor
@@ -150,8 +150,10 @@ def test_tensor_lengths_never_read_on_host(kw, monkeypatch):
     .tolist(), bool(tensor), nonzero... (the CPU stand-in of a CUDA graph capture). The decode
     step goes to the canonical decode reference: a CPU fast kernel may plan on the host (a CPU
     is never graph-captured); what is checked here is the op's own code around it."""
-    from torchair.ops import _decode, _ifa_compute, _ifa_fast
-    from torchair.ops.incre_flash_attention import _eager
+    from torchair.ops.attention import decode as _decode
+    from torchair.ops.attention import ifa_compute as _ifa_compute
+    from torchair.ops.attention import ifa_fast as _ifa_fast
+    from torchair.ops.attention.incre_flash_attention import _eager
     from torchair.runtime.capture import NoHostSync
     monkeypatch.setattr(_ifa_compute, "decode_attention", _decode.decode_attention_reference)
     monkeypatch.setattr(_ifa_fast, "ENABLED", False)  # the CPU fast path reads CPU lengths

@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchair.ops
 from torchair.ops import get_value_dependent, value_dependent_ops
-from torchair.ops.incre_flash_attention import incre_flash_attention_reference
+from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 
 OP = torch.ops.npu.npu_incre_flash_attention
 TWIN = torch.ops.npu.npu_incre_flash_attention_tensor

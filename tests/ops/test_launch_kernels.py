@@ -1,7 +1,7 @@
-"""The C++ launch kernel ``torchair_native::ifa_decode`` (torchair/ops/_launch.py,
-csrc/launch_ops.cpp): bit-identical to the general ``npu_incre_flash_attention_tensor`` wherever
-it computes, the general op's results and errors wherever it does not take the arguments, the
-general op's ValueError texts for bad lengths and block ids, masked cache slots never read; a
+"""The C++ launch kernel ``torchair_native::ifa_decode`` (torchair/ops/attention/cpu/launch.py,
+toolchain/csrc/launch_ops.cpp): bit-identical to the general ``npu_incre_flash_attention_tensor``
+wherever it computes, the general op's results and errors wherever it does not take the arguments,
+the general op's ValueError texts for bad lengths and block ids, masked cache slots never read; a
 CPU static unit binds it (and raises what eager raises); the graph the compile cache saves keeps
 the general op."""
 import ctypes
@@ -12,8 +12,9 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
 from tests.ops._paging import paged
-from torchair.ops import _launch, _native
-from torchair.ops.incre_flash_attention import incre_flash_attention_reference
+from torchair.ops.attention.cpu import launch as _launch
+from torchair.ops.toolchain import native as _native
+from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 
 pytestmark = pytest.mark.skipif(not _launch.available(),
                                 reason="needs the launch kernels (a C and a C++ compiler)")
@@ -322,7 +323,7 @@ def _python_calls_into_torchair(fn):
 
 @pytest.mark.parametrize("twin", [False, True], ids=["host-lengths", "tensor-twin"])
 def test_eager_call_runs_no_python_once_its_signature_is_validated(twin):
-    from torchair.ops import _ifa_fast
+    from torchair.ops.attention import ifa_fast as _ifa_fast
 
     q, k, v = _bnsd()
     lengths = [40, 3, 17]
@@ -344,7 +345,7 @@ def test_eager_call_runs_no_python_once_its_signature_is_validated(twin):
 
 
 def test_eager_entry_reports_the_general_ops_errors_every_time():
-    from torchair.ops import _ifa_fast
+    from torchair.ops.attention import ifa_fast as _ifa_fast
 
     _ifa_fast.clear()
     q, k, v = _bnsd(seq=64)
@@ -378,7 +379,7 @@ def _blocknum_error(q, kb, vb, kw):
 
 
 def _general_ifa(*args, **kwargs):
-    from torchair.ops import _ifa_fast
+    from torchair.ops.attention import ifa_fast as _ifa_fast
 
     with _ifa_fast.disabled():
         return IFA(*args, **kwargs)

@@ -15,9 +15,9 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
-from torchair.ops import _decode_cpu, _decode_native
-from torchair.ops._decode import decode_attention_reference
-from torchair.ops._decode_cpu import decode_attention_cpu
+from torchair.ops.attention.cpu import decode as _decode_cpu, native as _decode_native
+from torchair.ops.attention.decode import decode_attention_reference
+from torchair.ops.attention.cpu.decode import decode_attention_cpu
 from torchair.runtime.units import capture_mode
 
 IFA = torch.ops.npu.npu_incre_flash_attention
@@ -305,7 +305,7 @@ def _check_compiled(compiled, backend):
     torch.testing.assert_close(_run_static(compiled, (q, kc, vc, good), [10, 20]), ref)
     report = torchair.graph_reports()[-1]
     assert report.path == 4 and report.build_static, str(report)
-    from torchair.ops import _launch
+    from torchair.ops.attention.cpu import launch as _launch
     from torchair.runtime.units import default_capture
 
     # on CPU without a capture the unit calls the C++ launch kernel: it raises the errors below

@@ -1,5 +1,6 @@
-"""The native kernel build cache (``torchair.ops._native``): damaged libraries are detected before
-``dlopen`` and rebuilt, missing symbols cause one rebuild then ``None``, and builds are durable.
+"""The native kernel build cache (``torchair.ops.toolchain.native``): damaged libraries are detected
+before ``dlopen`` and rebuilt, missing symbols cause one rebuild then ``None``, and builds are
+durable.
 
 Every test builds a tiny ``probe.c`` into its own ``TORCHAIR_KERNEL_CACHE``. A damaged library is
 loaded in a child process: should the checks regress, ``dlopen`` of a truncated file kills the
@@ -21,7 +22,7 @@ import textwrap
 import pytest
 
 from torchair.inference import _cache_store
-from torchair.ops import _native
+from torchair.ops.toolchain import native as _native
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC") or "cc") is None,
@@ -54,7 +55,7 @@ _CHILD = textwrap.dedent(
     utils.logger = logger
     sys.modules["torchair.core.utils"] = utils
     load_file("torchair.inference._cache_store", sys.argv[1])
-    native = load_file("torchair.ops._native", sys.argv[2])
+    native = load_file("torchair.ops.toolchain.native", sys.argv[2])
     native._SRC_DIR = pathlib.Path(sys.argv[3])
     lib = native.load("probe", symbols=tuple(sys.argv[4:]))
     result = {"loaded": lib is not None}

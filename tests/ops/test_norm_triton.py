@@ -15,11 +15,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import torchair.ops  # noqa: E402,F401 (registers the ops)
-from torchair.ops import _norm_triton as nt  # noqa: E402
-from torchair.ops._triton_utils import rint  # noqa: E402
-from torchair.ops.dynamic_quant import (add_rms_norm_dynamic_quant_reference,  # noqa: E402
-                                        dynamic_quant_reference)
-from torchair.ops.rms_norm import add_rms_norm_cast_reference, rms_norm_reference  # noqa: E402
+from torchair.ops.norm import triton as nt  # noqa: E402
+from torchair.ops.toolchain.triton_utils import rint  # noqa: E402
+from torchair.ops.quant.dynamic_quant import (add_rms_norm_dynamic_quant_reference,  # noqa: E402
+                                              dynamic_quant_reference)
+from torchair.ops.norm.rms_norm import add_rms_norm_cast_reference, rms_norm_reference  # noqa: E402
 
 INTERPRETED = nt.interpreted()
 interp = pytest.mark.skipif(not INTERPRETED,
@@ -251,8 +251,11 @@ def test_dynamic_quant_cuda_with_cpu_group_index():
 
 
 def test_triton_helpers_have_one_definition():
-    """next_pow2 / interpreted / round half to even live in torchair.ops._triton_utils only."""
-    from torchair.ops import _decode_triton, _quant_triton, _triton_utils
+    """next_pow2 / interpreted / round half to even live in torchair.ops.toolchain.triton_utils
+    only."""
+    from torchair.ops.attention.triton import decode as _decode_triton
+    from torchair.ops.quant import triton as _quant_triton
+    from torchair.ops.toolchain import triton_utils as _triton_utils
     for mod in (nt, _quant_triton, _decode_triton):
         assert mod.next_pow2 is _triton_utils.next_pow2
         assert mod.interpreted is _triton_utils.interpreted

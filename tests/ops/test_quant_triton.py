@@ -20,12 +20,10 @@ pytest.importorskip("triton")
 from _interpreter import run_interpreted
 
 import torchair.ops  # noqa: F401 (registers)
-from torchair.ops import _quant_triton as qt
-from torchair.ops.dequant_swiglu_quant import (
-    prepare_dequant_swiglu_quant,
-    swiglu_quant_reference,
-)
-from torchair.ops.quant_matmul import prepare_quant_matmul, quant_matmul_reference
+from torchair.ops.quant import triton as qt
+from torchair.ops.quant.dequant_swiglu_quant import (prepare_dequant_swiglu_quant,
+                                                     swiglu_quant_reference)
+from torchair.ops.quant.quant_matmul import prepare_quant_matmul, quant_matmul_reference
 
 INTERPRETED = qt.interpreted()
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -228,8 +226,8 @@ def test_blocks_override_accepts_valid():
 _ROW_OFFSET_PROBE = """
 import torch
 import torchair.ops
-from torchair.ops import _quant_triton as qt
-from torchair.ops.quant_matmul import prepare_quant_matmul, quant_matmul_reference
+from torchair.ops.quant import triton as qt
+from torchair.ops.quant.quant_matmul import prepare_quant_matmul, quant_matmul_reference
 assert qt.interpreted()
 g = torch.Generator().manual_seed(0)
 # rows 2**30 bytes apart: row 2 starts at 2**31, past int32 (pages are touched lazily: ~no memory)

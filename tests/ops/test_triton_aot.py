@@ -1,11 +1,12 @@
-"""The Triton kernels compile for an H100 (sm_90) without a GPU: ``torchair.ops._triton_aot``.
+"""The Triton kernels compile for an H100 (sm_90) without a GPU:
+``torchair.ops.toolchain.triton_aot``.
 
 The interpreter tests check what the kernels compute; these check what a GPU would run: every
-kernel of the catalog (``_triton_aot.CASES``: each Triton kernel at serving shapes, in the
-variants the ops launch) compiles through its real wrapper down to a sm_90 cubin with Triton's
-own ptxas, without register spills, within the shared memory of one SM, and with 16-byte global
-loads for the 16-bit KV tiles of decode attention. Triton compiles only in a process that did not
-import it with ``TRITON_INTERPRET=1`` (which tests/conftest.py sets without a GPU), so these run
+kernel of the catalog (``torchair.ops.toolchain.triton_aot.CASES``: each Triton kernel at serving
+shapes, in the variants the ops launch) compiles through its real wrapper down to a sm_90 cubin with
+Triton's own ptxas, without register spills, within the shared memory of one SM, and with 16-byte
+global loads for the 16-bit KV tiles of decode attention. Triton compiles only in a process that did
+not import it with ``TRITON_INTERPRET=1`` (which tests/conftest.py sets without a GPU), so these run
 in child processes.
 """
 import json
@@ -18,7 +19,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from torchair.ops import _triton_aot as aot
+from torchair.ops.toolchain import triton_aot as aot
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SM90_MAX_SHARED = 232448  # bytes of shared memory one block may use on sm_90 (227 KiB)
@@ -49,7 +50,7 @@ def _run(args, *, interpret: bool, timeout=600):
 @pytest.fixture(scope="module")
 def sm90(tmp_path_factory):
     path = tmp_path_factory.mktemp("aot") / "sm90.json"
-    out = _run(["-m", "torchair.ops._triton_aot", "--arch", "90", "--json", str(path)],
+    out = _run(["-m", "torchair.ops.toolchain.triton_aot", "--arch", "90", "--json", str(path)],
                interpret=False)
     return json.loads(path.read_text()), out
 
@@ -104,8 +105,8 @@ _CONTEXT_SCRIPT = r"""
 import torch, triton, triton.language as tl
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
-from torchair.ops import _triton_aot as aot
-from torchair.ops._triton_utils import COMPILE_ONLY_SMS, launch_mode, sm_count
+from torchair.ops.toolchain import triton_aot as aot
+from torchair.ops.toolchain.triton_utils import COMPILE_ONLY_SMS, launch_mode, sm_count
 
 @triton.jit
 def copy(X, Y, n, BLOCK: tl.constexpr):
@@ -156,7 +157,7 @@ def test_compile_only_records_usage_raises_and_restores_subprocess(tmp_path):
 
 
 def test_compile_only_refuses_an_interpreted_process_subprocess():
-    code = ("from torchair.ops import _triton_aot as aot\n"
+    code = ("from torchair.ops.toolchain import triton_aot as aot\n"
             "try:\n"
             "    with aot.compile_only():\n"
             "        pass\n"
@@ -168,7 +169,7 @@ def test_compile_only_refuses_an_interpreted_process_subprocess():
 
 def test_unknown_case_is_named_subprocess():
     with pytest.raises(AssertionError, match=r"unknown case\(s\) \['no such case'\]"):
-        _run(["-m", "torchair.ops._triton_aot", "no such case"], interpret=False)
+        _run(["-m", "torchair.ops.toolchain.triton_aot", "no such case"], interpret=False)
 
 
 def test_global_load_widths_reads_ptx_forms():

@@ -4,7 +4,7 @@ import torch
 import torch.fx as fx
 
 import torchair  # noqa: F401 (registers torch.ops.npu.*)
-from torchair.ops.rms_norm import add_rms_norm_reference, rms_norm_reference
+from torchair.ops.norm.rms_norm import add_rms_norm_reference, rms_norm_reference
 from torchair.runtime.engines import lower_to_formulas
 
 npu = torch.ops.npu

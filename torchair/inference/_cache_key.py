@@ -80,7 +80,7 @@ def cpu_signature() -> str:
     is compiled with ``-march=native`` and the vector ISA Inductor picks from exactly these
     (``$ATEN_CPU_CAPABILITY`` caps it), so it only runs where they match. Hashing the inputs of
     the pick, not the pick, keeps Inductor (and its ISA probe) out of a warm start."""
-    from torchair.ops import _native
+    from torchair.ops.toolchain import native as _native
 
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "")
     return _sha(_native.cpu_signature() + "\nATEN_CPU_CAPABILITY=" + capability)[:16]

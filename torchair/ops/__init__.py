@@ -10,20 +10,26 @@ same names, taking the event's tag) and ``record`` / ``wait`` (``torch.ops.npu.r
 
 Older TorchAir names kept for its scripts (not in ``__all__``): ``npu_wait_tensor``,
 ``NpuStreamSwitch`` and ``SuperKernelScope`` (now in :mod:`torchair.scope`).
+
+Layout: one package per op family, each with its op definitions and references at its top and
+its kernels per backend beneath (``cpu``, ``triton``): :mod:`torchair.ops.attention`,
+:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`; :mod:`torchair.ops.toolchain` builds the
+native (C/C++, ``toolchain/csrc``) and Triton kernels. Shared here: ``_registry`` (``define_op``,
+the value-dependent registry), ``_device_checks``, ``_print``, ``_events``.
 """
 from __future__ import annotations
 
 import torch
 
-from torchair.ops import incre_flash_attention as _incre_flash_attention  # noqa: F401 (registers)
-from torchair.ops import fused_infer_attention_score as _fused_infer_attention_score  # noqa: F401 (registers)
-from torchair.ops import _decode_cpu  # noqa: F401 (registers the CPU decode kernel)
-from torchair.ops import _decode_triton  # noqa: F401 (registers the CUDA kernel if Triton exists)
-from torchair.ops import rms_norm as _rms_norm  # noqa: F401 (registers)
-from torchair.ops import dynamic_quant as _dynamic_quant  # noqa: F401 (registers)
-from torchair.ops import quant_matmul as _quant_matmul  # noqa: F401 (registers)
-from torchair.ops import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
-from torchair.ops import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
+from torchair.ops.attention import incre_flash_attention as _incre_flash_attention  # noqa: F401 (registers)
+from torchair.ops.attention import fused_infer_attention_score as _fused_infer_attention_score  # noqa: F401 (registers)
+from torchair.ops.attention.cpu import decode as _decode_cpu  # noqa: F401 (registers the CPU decode kernel)
+from torchair.ops.attention.triton import decode as _decode_triton  # noqa: F401 (registers the CUDA kernel if Triton exists)
+from torchair.ops.norm import rms_norm as _rms_norm  # noqa: F401 (registers)
+from torchair.ops.quant import dynamic_quant as _dynamic_quant  # noqa: F401 (registers)
+from torchair.ops.quant import quant_matmul as _quant_matmul  # noqa: F401 (registers)
+from torchair.ops.quant import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
+from torchair.ops.attention import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print

@@ -56,7 +56,7 @@ def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
 def _formulas() -> dict:
     """npu ops whose reference kernel is a plain ATen formula that Inductor can fuse with its
     neighbours (a custom op stays an opaque call in generated code)."""
-    from torchair.ops import rms_norm as norm
+    from torchair.ops.norm import rms_norm as norm
 
     npu = torch.ops.npu
     return {npu.npu_rms_norm.default: norm.rms_norm_reference,
@@ -243,8 +243,9 @@ def load_library(path: str | os.PathLike, device: str) -> Engine:
 
 
 def _load_launch_kernels(path: str) -> None:
-    """Register torchair's launch kernels (:mod:`torchair.ops._launch`) before PyTorch's runner
-    resolves the custom ops that the library at ``path`` calls, when it calls them."""
+    """Register torchair's launch kernels (:mod:`torchair.ops.attention.cpu.launch`) before
+    PyTorch's runner resolves the custom ops that the library at ``path`` calls, when it calls
+    them."""
     ops = pathlib.Path(path).with_name(LIBRARY_OPS)
     try:
         calls = ops.read_text(encoding="utf-8", errors="replace")
@@ -252,7 +253,7 @@ def _load_launch_kernels(path: str) -> None:
         return
     if "torchair_native" not in calls:
         return
-    from torchair.ops import _launch
+    from torchair.ops.attention.cpu import launch as _launch
 
     if not _launch.available():
         raise RuntimeError(f"{path} calls torchair's C++ launch kernels (torchair_native ops), "

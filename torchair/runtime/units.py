@@ -112,7 +112,7 @@ class StaticUnit:
             self.sunk = SunkScalars(self.program, _device_of(unit_args))
             unit_args.append(self.sunk.stage(args))
         engine = self._engine(unit_args, what)
-        from torchair.ops import _launch
+        from torchair.ops.attention.cpu import launch as _launch
 
         if _launch.loaded() and self.capture is None:  # launch kernels defer their errors
             engine = _launch.checked(engine)
@@ -156,10 +156,11 @@ class StaticUnit:
 
     def _launch_graph(self, unit_args: list) -> fx.GraphModule:
         """The graph the engine builds: on CPU without a capture, ops that have launch kernels
-        call them (:func:`torchair.ops._launch.bind_static_unit`); ``self.gm`` stays as traced."""
+        call them (:func:`torchair.ops.attention.cpu.launch.bind_static_unit`); ``self.gm`` stays as
+        traced."""
         if self.capture is not None or _device_of(unit_args).type != "cpu":
             return self.gm
-        from torchair.ops import _launch
+        from torchair.ops.attention.cpu import launch as _launch
 
         gm, count = _launch.bind_static_unit(self.gm)
         self.report.launch_kernels = count

@@ -1,8 +1,8 @@
 """Triton split-KV (flash-decoding) kernel for canonical decode attention on CUDA.
 
-Implements exactly the interface and semantics of :mod:`torchair.ops._decode` (see its module
-doc; the oracle is ``decode_attention_reference``). Registered as the ``"cuda"`` decode kernel
-when Triton is importable; importing this module never fails without Triton or without CUDA.
+Implements exactly the interface and semantics of :mod:`torchair.ops.attention.decode` (see its
+module doc; the oracle is ``decode_attention_reference``). Registered as the ``"cuda"`` decode
+kernel when Triton is importable; importing this module never fails without Triton or without CUDA.
 
 Design (two launches, no host reads of tensor values, so it may run inside a CUDA graph):
 
@@ -30,7 +30,7 @@ interpreter, on CPU tensors too; this is how they are tested without a GPU (slow
 The interpreted kernel differs from the compiled one only in its loop construct (``while``
 instead of ``range``, see ``WHILE_LOOP``) and, for bf16, in running the matmuls in float32 (the
 interpreter's bf16 ``tl.dot`` is wrong: numpy has no bfloat16). What the interpreter cannot
-show, the GPU compilation, is checked without a GPU by :mod:`torchair.ops._triton_aot`.
+show, the GPU compilation, is checked without a GPU by :mod:`torchair.ops.toolchain.triton_aot`.
 """
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ import math
 import torch
 
 from torchair.ops import _device_checks
-from torchair.ops._decode import register_decode_kernel
+from torchair.ops.attention.decode import register_decode_kernel
 # Triton is optional: without it (HAS_TRITON False) the CUDA decode falls back to the reference.
-from torchair.ops._triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2, sm_count,
-                                        tl, triton)
+from torchair.ops.toolchain.triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2,
+                                                 sm_count, tl, triton)
 
 
 __all__ = ["HAS_TRITON", "choose_launch", "decode_attention_triton", "interpreted"]
@@ -310,7 +310,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             v_offset: torch.Tensor | None = None,
                             num_splits: int | None = None,
                             block_n: int | None = None) -> torch.Tensor:
-    """Canonical decode attention (see :mod:`torchair.ops._decode`) with Triton split-KV kernels.
+    """Canonical decode attention (see :mod:`torchair.ops.attention.decode`) with Triton split-KV
+    kernels.
 
     ``num_splits`` / ``block_n`` override the static heuristics (``choose_launch``; tests).
     Never reads tensor values on the host: capturable in a CUDA graph.

@@ -47,12 +47,11 @@ The eager kernel runs the Triton kernel on CUDA (when Triton is importable), the
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from torchair.ops import _quant_cpu, _quant_triton
+from torchair.ops.quant import cpu as _quant_cpu, triton as _quant_triton
 from torchair.ops._registry import define_op
+from torchair.ops.quant.plans import QuantMatmulPlan
 
 __all__ = ["QuantMatmulPlan", "check_quant_matmul", "npu_quant_matmul", "prepare_quant_matmul",
            "quant_matmul_epilogue_reference", "quant_matmul_reference", "wrap_int32"]
@@ -75,22 +74,6 @@ _COMBOS = {
                      ({torch.float32, torch.bfloat16},
                       {torch.int32, torch.bfloat16, torch.float32})),
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class QuantMatmulPlan:
-    """The epilogue in canonical form: what every kernel (reference, CPU, Triton) consumes.
-
-    ``scale`` / ``offset`` are float32 ``[1]`` or ``[N]``; ``pertoken`` float32 ``[M]``;
-    ``int_bias`` int32 ``[N]`` or ``[B, 1, N]``; ``float_bias`` float32, same shapes.
-    """
-
-    out_dtype: torch.dtype
-    scale: torch.Tensor
-    offset: torch.Tensor | None = None
-    pertoken: torch.Tensor | None = None
-    int_bias: torch.Tensor | None = None
-    float_bias: torch.Tensor | None = None
 
 
 def output_dtype_of(output_dtype: torch.dtype | None) -> torch.dtype:

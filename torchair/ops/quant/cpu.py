@@ -1,8 +1,8 @@
 """Fast CPU kernels of ``npu_quant_matmul`` and ``npu_dequant_swiglu_quant``.
 
 Both take the canonical plans built (and validated) by their op modules
-(:class:`torchair.ops.quant_matmul.QuantMatmulPlan`,
-:class:`torchair.ops.dequant_swiglu_quant.SwigluQuantPlan`) and compute the same float32
+(:class:`torchair.ops.quant.plans.QuantMatmulPlan`,
+:class:`torchair.ops.quant.plans.SwigluQuantPlan`) and compute the same float32
 operations, in the same order, as the reference kernels, so results match them exactly up to the
 last-ulp differences of vectorized ``exp`` (an int8 output may then differ by 1 at a rounding
 tie; the tests bound how often).
@@ -28,13 +28,10 @@ tie; the tests bound how often).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # plans are built by the op modules, which import this one
-    from torchair.ops.dequant_swiglu_quant import SwigluQuantPlan
-    from torchair.ops.quant_matmul import QuantMatmulPlan
+from torchair.ops.quant.plans import QuantMatmulPlan, SwigluQuantPlan
 
 CHUNK_ROWS: int | None = None
 _EPILOGUE_BYTES = 256 * 2**10

@@ -1,8 +1,8 @@
 """The native (C) CPU decode attention kernel: argument checks and the ctypes call.
 
-``csrc/decode_attention.c`` (built by :mod:`torchair.ops._native`) streams every K and V row of
-each (batch, kv head) window once, with register tiles for the ``G`` query heads that share it,
-an online softmax in float32 and K/V converted from float32 / bfloat16 / float16 / int8 in
+``toolchain/csrc/decode_attention.c`` (built by :mod:`torchair.ops.toolchain.native`) streams every
+K and V row of each (batch, kv head) window once, with register tiles for the ``G`` query heads that
+share it, an online softmax in float32 and K/V converted from float32 / bfloat16 / float16 / int8 in
 registers; work items (row, split of the window) run on ``torch.get_num_threads()`` OpenMP
 threads (PyTorch's own pool in a PyTorch process).
 :func:`decode` returns ``None`` when the kernel does not take the arguments (library not
@@ -16,7 +16,8 @@ import functools
 
 import torch
 
-from torchair.ops import _device_checks, _native
+from torchair.ops import _device_checks
+from torchair.ops.toolchain import native as _native
 
 __all__ = ["KINDS", "MAX_D", "MAX_G", "MIN_SPLIT", "available", "decode",
            "kernel", "run", "work_split"]

@@ -48,7 +48,7 @@ The op is value-dependent on ``actual_seq_lengths`` and ``actual_seq_lengths_kv`
 ``npu_fused_infer_attention_score_tensor`` takes both as 1-D int64 device tensors and then reads
 nothing on the host. Incremental calls (S_q == 1) without pse_shift, without a per-head mask,
 with per-channel antiquant and softmax_lse_flag=False go to the device's fast decode kernel
-(:func:`torchair.ops._decode.decode_attention`, via IFA's decode path); the rest runs the
+(:func:`torchair.ops.attention.decode.decode_attention`, via IFA's decode path); the rest runs the
 dense reference.
 """
 from __future__ import annotations
@@ -57,9 +57,9 @@ import dataclasses
 
 import torch
 
-from torchair.ops import _attention_common as _common
-from torchair.ops import _ifa_compute as _compute
-from torchair.ops._fia_checks import INT_MAX, OP, FiaPlan, KvQuant, _as_fia, validate
+from torchair.ops.attention import common as _common
+from torchair.ops.attention import ifa_compute as _compute
+from torchair.ops.attention.fia_checks import INT_MAX, OP, FiaPlan, KvQuant, _as_fia, validate
 from torchair.ops._registry import define_op, register_value_dependent
 
 __all__ = ["fused_infer_attention_score_reference", "npu_fused_infer_attention_score",

@@ -1,5 +1,5 @@
-"""Helpers shared by the Triton kernel modules (``_decode_triton``, ``_norm_triton``,
-``_quant_triton``).
+"""Helpers shared by the Triton kernel modules (``torchair.ops.attention.triton.decode``,
+``torchair.ops.norm.triton``, ``torchair.ops.quant.triton``).
 
 * :func:`next_pow2`: the smallest power of two ``>= x`` (1 for ``x <= 1``), for block sizes.
 * :func:`interpreted`: whether ``triton.jit`` produced interpreted functions in this process, i.e.
@@ -9,8 +9,8 @@
   value (compiled and interpreted); the one rounding of every float -> int8 store of the kernels.
 * :func:`launch_mode`: the one device check of every kernel wrapper: interpreted or compiled
   launch, or a ``RuntimeError`` naming the fix. Inside
-  :func:`torchair.ops._triton_aot.compile_only` a compiled launch is also allowed for tensors off
-  the GPU (meta tensors): the launches only compile, for a GPU target, without a GPU.
+  :func:`torchair.ops.toolchain.triton_aot.compile_only` a compiled launch is also allowed for
+  tensors off the GPU (meta tensors): the launches only compile, for a GPU target, without a GPU.
 * :func:`sm_count`: the streaming-multiprocessor count the launch heuristics plan for.
 
 Importing this module never fails without Triton (``HAS_TRITON`` says whether it is there).
@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 
 __all__ = ["HAS_TRITON", "interpreted", "launch_mode", "next_pow2", "rint", "sm_count"]
 
-# Set by torchair.ops._triton_aot.compile_only: the SM count of the GPU compiled for, while
+# Set by torchair.ops.toolchain.triton_aot.compile_only: the SM count of the GPU compiled for, while
 # launches compile for it without running (None otherwise).
 COMPILE_ONLY_SMS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "torchair_triton_compile_only_sms", default=None)
@@ -71,7 +71,7 @@ def launch_mode(device, what: str) -> bool:
     """Whether a launch of ``what``'s kernels on ``device`` is interpreted (True) or compiled.
 
     Raises ``RuntimeError`` naming the fix without Triton, or for a non-CUDA device outside the
-    interpreter (unless :func:`torchair.ops._triton_aot.compile_only` is active).
+    interpreter (unless :func:`torchair.ops.toolchain.triton_aot.compile_only` is active).
     """
     if not HAS_TRITON:
         raise RuntimeError(f"{what} needs the 'triton' package; install triton, or run on CPU "

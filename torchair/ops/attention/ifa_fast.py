@@ -1,19 +1,20 @@
 """The fast path of ``npu_incre_flash_attention`` for the common CPU decode call.
 
 A decode step calls the op with the same shapes, dtypes, strides and options every time; only
-the data and the lengths change. The general path (:mod:`torchair.ops.incre_flash_attention`)
-re-derives everything per call: :func:`~torchair.ops._ifa_checks.validate`, the canonical views,
-the windows as tensors, the kernel's strides and work split. Here that is done once per
-*signature* (shapes, strides, dtypes, devices and options: the ``_signature`` tuple) and kept in
-a :class:`_Bound`; a call with a known signature only
+the data and the lengths change. The general path
+(:mod:`torchair.ops.attention.incre_flash_attention`) re-derives everything per call:
+:func:`~torchair.ops.attention.ifa_checks.validate`, the canonical views, the windows as tensors,
+the kernel's strides and work split. Here that is done once per *signature* (shapes, strides,
+dtypes, devices and options: the ``_signature`` tuple) and kept in a :class:`_Bound`; a call with a
+known signature only
 
 * checks the lengths' values as the general path does, with its ``ValueError`` texts: a
   negative length; for host lengths with page attention, the block table's width and the
   cache's block count (a host list or a CPU tensor is read);
-* calls the launch kernel ``torchair_native::ifa_decode`` (:mod:`torchair.ops._launch`: C++,
-  through the dispatcher) with the checked window ends, or with a tensor of lengths, which it
+* calls the launch kernel ``torchair_native::ifa_decode`` (:mod:`torchair.ops.attention.cpu.launch`:
+  C++, through the dispatcher) with the checked window ends, or with a tensor of lengths, which it
   checks itself; without a C++ compiler, passes data pointers, the window ends and the scale to
-  the native kernel through ctypes (:mod:`torchair.ops._decode_native`). Either checks every
+  the native kernel through ctypes (:mod:`torchair.ops.attention.cpu.native`). Either checks every
   block id a window reads (a bad one raises the general path's ``ValueError`` naming
   ``block_table[b, c]``) and computes exactly what the general path computes (same kernel, same
   work split: bit-identical results).
@@ -34,9 +35,11 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from torchair.ops import _decode_native, _device_checks, _launch, _native
-from torchair.ops import _ifa_checks
-from torchair.ops import _ifa_compute as _compute
+from torchair.ops import _device_checks
+from torchair.ops.attention.cpu import launch as _launch, native as _decode_native
+from torchair.ops.toolchain import native as _native
+from torchair.ops.attention import ifa_checks as _ifa_checks
+from torchair.ops.attention import ifa_compute as _compute
 
 __all__ = ["ENABLED", "call", "clear", "disabled"]
 
@@ -92,7 +95,7 @@ def clear() -> None:
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
     """The general path for every call inside the block: this fast path and the C++ eager entry
-    of the op (:mod:`torchair.ops._launch`) are off."""
+    of the op (:mod:`torchair.ops.attention.cpu.launch`) are off."""
     global ENABLED
     old = ENABLED
     ENABLED = False

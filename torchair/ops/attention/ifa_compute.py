@@ -2,16 +2,16 @@
 
 Nothing here reads a tensor value on the host or makes a shape depend on one, so every function
 may run inside a CUDA graph capture. Shapes follow the canonical ``BNSD`` form of
-:mod:`torchair.ops._attention_common`.
+:mod:`torchair.ops.attention.common`.
 """
 from __future__ import annotations
 
 import torch
 
-from torchair.ops import _attention_common as _common
-from torchair.ops._decode import decode_attention
+from torchair.ops.attention import common as _common
+from torchair.ops.attention.decode import decode_attention
 from torchair.ops import _device_checks
-from torchair.ops._ifa_checks import OP, IfaPlan
+from torchair.ops.attention.ifa_checks import OP, IfaPlan
 
 
 def checked_block_table(block_table: torch.Tensor, num_blocks: int, plan: IfaPlan

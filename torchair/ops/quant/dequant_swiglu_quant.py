@@ -42,12 +42,11 @@ SuperKernel example passes it): each row then acts as its own group. The eager k
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from torchair.ops import _quant_cpu, _quant_triton
+from torchair.ops.quant import cpu as _quant_cpu, triton as _quant_triton
 from torchair.ops._registry import define_op
+from torchair.ops.quant.plans import SwigluQuantPlan
 
 __all__ = ["SwigluQuantPlan", "check_dequant_swiglu_quant", "dequant_swiglu_quant_reference",
            "npu_dequant_swiglu_quant", "prepare_dequant_swiglu_quant"]
@@ -62,31 +61,6 @@ _SCHEMA = (
 _X_DTYPES = (torch.int32, torch.float16, torch.bfloat16)
 _BIAS_DTYPES = (torch.int32, torch.float32, torch.float16, torch.bfloat16)
 _QUANT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@dataclasses.dataclass(frozen=True)
-class SwigluQuantPlan:
-    """Canonical arguments shared by the reference, CPU and Triton kernels.
-
-    ``x`` ``[T, 2H]``; ``weight_scale`` float32 ``[G, 2H]``; ``act_scale`` float32 ``[T]``;
-    ``int_bias`` int32 / ``float_bias`` float32 ``[2H]``; ``quant_scale`` float32 ``[G, H]`` or
-    ``[G, 1]`` (dynamic: multiplier; static, G == 1: divisor); ``quant_offset`` float32 ``[1, H]``
-    or ``[1, 1]``; ``row_group`` int64 ``[T]`` (a row's group, ``num_groups`` = outside every
-    group) or None when there is no group_index.
-    """
-
-    x: torch.Tensor
-    lead_shape: tuple
-    dynamic: bool
-    activate_left: bool
-    num_groups: int = 1
-    weight_scale: torch.Tensor | None = None
-    act_scale: torch.Tensor | None = None
-    int_bias: torch.Tensor | None = None
-    float_bias: torch.Tensor | None = None
-    quant_scale: torch.Tensor | None = None
-    quant_offset: torch.Tensor | None = None
-    row_group: torch.Tensor | None = None
 
 
 def _check_x(x: torch.Tensor) -> None:

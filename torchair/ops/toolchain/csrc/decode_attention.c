@@ -1,8 +1,8 @@
 /* Decode attention on the CPU: one query token per (batch, kv head) row attends to its KV window.
  *
- * The native half of torchair/ops/_decode_cpu.py (which prepares the arguments: the query is
- * already scaled, int8 antiquant scales folded in, the windows computed). Built on first use by
- * torchair/ops/_native.py with the host compiler (-O3 -march=native -fopenmp) and called
+ * The native half of torchair/ops/attention/cpu/decode.py (which prepares the arguments: the query
+ * is already scaled, int8 antiquant scales folded in, the windows computed). Built on first use by
+ * torchair/ops/toolchain/native.py with the host compiler (-O3 -march=native -fopenmp) and called
  * through ctypes, which releases the GIL.
  *
  * Per row r = b * nkv + h (b-major) the G query heads of kv head h read each K and V row once:

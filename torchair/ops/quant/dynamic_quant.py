@@ -45,7 +45,7 @@ True). A quantization not produced returns *empty* outputs: ``y`` int8 of shape 
 Inputs are float16, bfloat16 or float32; ``gamma``, ``beta``, ``smooth_scale1/2`` are ``[H]`` in any
 of these dtypes. The references (:func:`dynamic_quant_reference`,
 :func:`add_rms_norm_dynamic_quant_reference`) are the oracle; the eager kernels run
-:mod:`torchair.ops._norm_cpu` on CPU, :mod:`torchair.ops._norm_triton` on CUDA when Triton is
+:mod:`torchair.ops.norm.cpu` on CPU, :mod:`torchair.ops.norm.triton` on CUDA when Triton is
 importable, and the reference elsewhere.
 """
 from __future__ import annotations
@@ -54,9 +54,9 @@ from typing import Sequence
 
 import torch
 
-from torchair.ops import _norm_cpu, _norm_triton
+from torchair.ops.norm import cpu as _norm_cpu, triton as _norm_triton
 from torchair.ops._registry import define_op
-from torchair.ops.rms_norm import FLOAT_DTYPES, check_norm_args, device_kernel
+from torchair.ops.norm.rms_norm import FLOAT_DTYPES, check_norm_args, device_kernel
 
 __all__ = ["add_rms_norm_dynamic_quant_reference", "dynamic_quant_reference",
            "npu_add_rms_norm_dynamic_quant", "npu_dynamic_quant", "quantize_rows_reference",

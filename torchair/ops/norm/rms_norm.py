@@ -23,15 +23,15 @@ bit for bit (Ascend: ``y1 = cast(y2)``).
 Inputs are float16, bfloat16 or float32 (``x2`` with ``x1``'s shape and dtype); ``gamma`` is any of
 these dtypes with ``gamma.shape == x.shape[-k:]``. Kernels: :func:`rms_norm_reference` (and the
 ``add`` variants) are the oracle in plain PyTorch; the eager kernels run the chunked CPU kernel
-(:mod:`torchair.ops._norm_cpu`) on CPU, the Triton kernel (:mod:`torchair.ops._norm_triton`) on
+(:mod:`torchair.ops.norm.cpu`) on CPU, the Triton kernel (:mod:`torchair.ops.norm.triton`) on
 CUDA when Triton is importable, and the reference elsewhere.
 """
 from __future__ import annotations
 
 import torch
 
-from torchair.ops import _norm_cpu, _norm_triton
-from torchair.ops._norm_cpu import rstd_shape  # the one definition, shared with the kernels
+from torchair.ops.norm import cpu as _norm_cpu, triton as _norm_triton
+from torchair.ops.norm.cpu import rstd_shape  # the one definition, shared with the kernels
 from torchair.ops._registry import define_op
 
 __all__ = ["add_rms_norm_cast_reference", "add_rms_norm_reference", "check_norm_args",

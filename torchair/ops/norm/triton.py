@@ -1,7 +1,7 @@
 """Triton kernels of the RMS-norm and dynamic-quant ops for CUDA: one row per program.
 
-Same contracts as the references in :mod:`torchair.ops.rms_norm` and
-:mod:`torchair.ops.dynamic_quant` (see their module docs); arguments arrive already checked.
+Same contracts as the references in :mod:`torchair.ops.norm.rms_norm` and
+:mod:`torchair.ops.quant.dynamic_quant` (see their module docs); arguments arrive already checked.
 Importing this module never fails without Triton or without CUDA (``HAS_TRITON`` says whether the
 kernels exist); the ops use them for CUDA tensors when Triton is importable and the row fits one
 block (``MAX_WIDTH`` elements), else their references.
@@ -16,7 +16,8 @@ block (``MAX_WIDTH`` elements), else their references.
 A program holds its whole row (``BLOCK = next_pow2(n)``) in registers: the row is read once and
 every output written once; no host reads of tensor values (CUDA-graph capturable). Float32 math
 uses correctly rounded division and square root (``div_rn`` / ``sqrt_rn``) like the references;
-round half to even is the shared :func:`torchair.ops._triton_utils.rint` (exact for every float32).
+round half to even is the shared :func:`torchair.ops.toolchain.triton_utils.rint` (exact for every
+float32).
 
 With ``TRITON_INTERPRET=1`` set before triton is imported the kernels run in Triton's interpreter
 on CPU tensors (tests, tiny shapes); numpy has no bfloat16, so bfloat16 is tested on GPUs only.
@@ -25,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops._norm_cpu import rstd_shape
-from torchair.ops._triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2, rint, tl,
-                                        triton)
+from torchair.ops.norm.cpu import rstd_shape
+from torchair.ops.toolchain.triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2,
+                                                 rint, tl, triton)
 
 
 __all__ = ["HAS_TRITON", "MAX_WIDTH", "add_rms_norm_dynamic_quant_triton", "add_rms_norm_triton",

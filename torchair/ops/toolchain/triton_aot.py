@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from torchair.ops._triton_utils import COMPILE_ONLY_SMS, HAS_TRITON, interpreted, triton
+from torchair.ops.toolchain.triton_utils import COMPILE_ONLY_SMS, HAS_TRITON, interpreted, triton
 
 __all__ = ["CompiledLaunch", "compile_only", "global_load_widths", "resource_usage"]
 
@@ -176,7 +176,7 @@ def _meta(*shape, dtype):
 def _decode_case(*, batch=8, nkv=8, group=8, dim=128, seq=32768, dtype="float16",
                  kv_dtype=None, block_size=0, mask=False, left_pad=False, antiquant=False):
     import torch
-    from torchair.ops._decode_triton import decode_attention_triton
+    from torchair.ops.attention.triton.decode import decode_attention_triton
     dt = getattr(torch, dtype)
     kvt = getattr(torch, kv_dtype) if kv_dtype else dt
     q = _meta(batch, nkv * group, dim, dtype=dt)
@@ -197,7 +197,7 @@ def _decode_case(*, batch=8, nkv=8, group=8, dim=128, seq=32768, dtype="float16"
 
 def _norm_case(kind: str, *, rows=16, width=4096, dtype="bfloat16"):
     import torch
-    from torchair.ops import _norm_triton as nt
+    from torchair.ops.norm import triton as nt
     dt = getattr(torch, dtype)
     x = _meta(rows, width, dtype=dt)
     gamma = _meta(width, dtype=dt)
@@ -218,8 +218,8 @@ def _norm_case(kind: str, *, rows=16, width=4096, dtype="bfloat16"):
 def _quant_matmul_case(*, m=16, n=4096, k=4096, out="bfloat16", pertoken=True, offset=False,
                        float_bias=True):
     import torch
-    from torchair.ops._quant_triton import quant_matmul_triton
-    from torchair.ops.quant_matmul import QuantMatmulPlan
+    from torchair.ops.quant.triton import quant_matmul_triton
+    from torchair.ops.quant.plans import QuantMatmulPlan
     f32 = torch.float32
     plan = QuantMatmulPlan(
         out_dtype=getattr(torch, out), scale=_meta(n, dtype=f32),
@@ -231,8 +231,8 @@ def _quant_matmul_case(*, m=16, n=4096, k=4096, out="bfloat16", pertoken=True, o
 
 def _swiglu_quant_case(*, tokens=16, hidden=4096, dynamic=True, groups=1):
     import torch
-    from torchair.ops._quant_triton import dequant_swiglu_quant_triton
-    from torchair.ops.dequant_swiglu_quant import SwigluQuantPlan
+    from torchair.ops.quant.triton import dequant_swiglu_quant_triton
+    from torchair.ops.quant.plans import SwigluQuantPlan
     f32 = torch.float32
     plan = SwigluQuantPlan(
         x=_meta(tokens, 2 * hidden, dtype=torch.int32), lead_shape=(tokens,), dynamic=dynamic,
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     import json
     import time
     parser = argparse.ArgumentParser(
-        prog="python -m torchair.ops._triton_aot",
+        prog="python -m torchair.ops.toolchain.triton_aot",
         description="Compile torchair's Triton kernels for an NVIDIA GPU (no GPU needed) and "
                     "print registers, spills, shared memory and global load widths per launch.")
     parser.add_argument("--arch", type=int, default=90, help="compute capability x10 (90: H100)")

@@ -1,7 +1,7 @@
 """``npu_fused_infer_attention_score_v2``: FIA with TorchAir's v2 argument names.
 
-The same computation as :mod:`torchair.ops.fused_infer_attention_score` (see its docstring for
-the formula); v2 renames the arguments and adds output layouts::
+The same computation as :mod:`torchair.ops.attention.fused_infer_attention_score` (see its docstring
+for the formula); v2 renames the arguments and adds output layouts::
 
     v2 argument                         v1 argument
     actual_seq_qlen / actual_seq_kvlen  actual_seq_lengths / actual_seq_lengths_kv
@@ -36,8 +36,8 @@ from typing import Iterator
 
 import torch
 
-from torchair.ops import fused_infer_attention_score as _v1
-from torchair.ops._fia_checks import INT_MAX
+from torchair.ops.attention import fused_infer_attention_score as _v1
+from torchair.ops.attention.fia_checks import INT_MAX
 from torchair.ops._registry import define_op, register_value_dependent
 
 __all__ = ["npu_fused_infer_attention_score_v2", "npu_fused_infer_attention_score_v2_tensor",

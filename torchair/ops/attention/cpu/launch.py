@@ -1,17 +1,17 @@
 """Launch kernels: torchair's ops as C++ dispatcher kernels that static units call without Python.
 
 A static launch unit has fixed shapes, so everything its attention call needs besides the data
-(checks of shapes and layouts, the kernel, its strides) is decided once. ``csrc/launch_ops.cpp``
-(built on first use by :mod:`torchair.ops._native` against this process's torch, cached the same
-safe way as the C kernels) registers the operator
+(checks of shapes and layouts, the kernel, its strides) is decided once.
+``toolchain/csrc/launch_ops.cpp`` (built on first use by :mod:`torchair.ops.toolchain.native`
+against this process's torch, cached the same safe way as the C kernels) registers the operator
 
     torchair_native::ifa_decode(query, key, value, actual_seq_lengths, ends, block_table,
                                 num_heads, num_key_value_heads, layout, block_size, scale_value)
 
 with PyTorch's dispatcher: a C++ function that reads shapes and strides from the tensors, checks
 the lengths and the block ids it reads (the general op's ``ValueError`` texts) and calls the
-native decode kernel (``csrc/decode_attention.c``). Inductor's generated code, its C++ wrapper
-and AOTInductor libraries call it like any ATen op; a call costs the dispatcher's few
+native decode kernel (``toolchain/csrc/decode_attention.c``). Inductor's generated code, its C++
+wrapper and AOTInductor libraries call it like any ATen op; a call costs the dispatcher's few
 microseconds, not the general op's Python.
 
 :func:`bind_static_unit` rewrites, in a CPU static unit's FX graph, each
@@ -19,8 +19,8 @@ microseconds, not the general op's Python.
 mask, pse_shift, antiquant or output quantization; the general op's shape validation passes for
 the unit's fixed shapes) into that operator. Arguments the kernel turns out not to take at run
 time are passed by the C++ code to the general op through the dispatcher, so results and errors
-are the general op's. The eager fast path (:mod:`torchair.ops._ifa_fast`) calls the operator
-too, with window ends it has checked on the host.
+are the general op's. The eager fast path (:mod:`torchair.ops.attention.ifa_fast`) calls the
+operator too, with window ends it has checked on the host.
 
 Nothing here is required: without a C++ compiler (``$CXX``, default ``c++``), with
 ``TORCHAIR_NATIVE_KERNELS=0`` or without the C kernel, :func:`available` is False and the units
@@ -36,7 +36,8 @@ import torch
 import torch.fx as fx
 
 from torchair.core.utils import logger
-from torchair.ops import _decode_native, _native
+from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.toolchain import native as _native
 
 __all__ = ["LAYOUTS", "available", "bind_static_unit", "checked", "ifa_decode", "loaded"]
 
@@ -94,7 +95,7 @@ def _define_general() -> None:
     """``torchair_native::ifa_general[_tensor]``: the npu ops' Python implementation under
     another name, for the C++ entry to call when it does not take a call (the npu ops' own CPU
     kernel is then the C++ entry)."""
-    from torchair.ops import incre_flash_attention as ifa
+    from torchair.ops.attention import incre_flash_attention as ifa
 
     global _general_lib
     _general_lib = torch.library.Library("torchair_native", "FRAGMENT")
@@ -174,8 +175,8 @@ def _meta(val: Any) -> Any:
 def _takes(node: fx.Node) -> bool:
     """The call's arguments, as traced, pass the general op's validation and are a decode call
     on CPU that the launch kernel serves."""
-    from torchair.ops import _ifa_checks
-    from torchair.ops import _ifa_compute as _compute
+    from torchair.ops.attention import ifa_checks as _ifa_checks
+    from torchair.ops.attention import ifa_compute as _compute
 
     if len(node.args) != 3 or any(k not in _TAKEN and v is not None
                                   for k, v in node.kwargs.items()):

@@ -4,8 +4,8 @@
 that the reference and eager kernels follow. Host lists are checked here (negative lengths,
 block_table columns and blocknum versus the lengths); tensor lengths (the twin) are checked for
 negative values by :mod:`torchair.ops._device_checks` (no host read inside a CUDA graph capture),
-and block ids by :func:`torchair.ops._ifa_compute.checked_block_table` the same way. Every error is a ``ValueError`` that names the argument, the
-value received and the rule.
+and block ids by :func:`torchair.ops.attention.ifa_compute.checked_block_table` the same way. Every
+error is a ``ValueError`` that names the argument, the value received and the rule.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from torchair.ops import _attention_common as _common
+from torchair.ops.attention import common as _common
 from torchair.ops import _device_checks
 
 OP = "npu_incre_flash_attention"

@@ -1,11 +1,11 @@
 """Validation of ``npu_fused_infer_attention_score`` arguments, producing a :class:`FiaPlan`.
 
 The checks shared with incremental flash attention (ranks, dtypes, head counts, page attention,
-int8 output, pse_shift, kv_padding_size) are the ones of :mod:`torchair.ops._ifa_checks`, called
-here with the fused op's name in their messages. Device tensor values are never read: the only
-value checks (negative lengths, query lengths above S_q, block_table versus the lengths) run when
-the lengths are host lists. Errors are ``ValueError`` naming the argument; features that torchair
-does not implement raise ``NotImplementedError`` naming the argument.
+int8 output, pse_shift, kv_padding_size) are the ones of :mod:`torchair.ops.attention.ifa_checks`,
+called here with the fused op's name in their messages. Device tensor values are never read: the
+only value checks (negative lengths, query lengths above S_q, block_table versus the lengths) run
+when the lengths are host lists. Errors are ``ValueError`` naming the argument; features that
+torchair does not implement raise ``NotImplementedError`` naming the argument.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import re
 
 import torch
 
-from torchair.ops import _attention_common as _common
-from torchair.ops import _ifa_checks as _ifa
-from torchair.ops._ifa_checks import IfaPlan
+from torchair.ops.attention import common as _common
+from torchair.ops.attention import ifa_checks as _ifa
+from torchair.ops.attention.ifa_checks import IfaPlan
 
 OP = "npu_fused_infer_attention_score"
 SPARSE_MODES = (0, 1, 2, 3, 4)

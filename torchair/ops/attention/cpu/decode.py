@@ -1,7 +1,8 @@
 """The CPU decode attention kernel: flash-decoding over KV chunks.
 
-Same contract as :func:`torchair.ops._decode.decode_attention_reference` (see ``_decode``'s
-module doc); registered as the ``"cpu"`` kernel of :func:`torchair.ops._decode.decode_attention`.
+Same contract as :func:`torchair.ops.attention.decode.decode_attention_reference` (see
+``torchair.ops.attention.decode``'s module doc); registered as the ``"cpu"`` kernel of
+:func:`torchair.ops.attention.decode.decode_attention`.
 
 Two implementations behind one entry point, the same preparation (windows read on the host,
 block ids checked, q in float32 with int8 antiquant folded in) and the same epilogue (V antiquant,
@@ -9,7 +10,7 @@ empty rows as zeros):
 
 * the native C kernel (``_decode_native``, register tiles, K/V read once and converted in
   registers, threads over (row, split) work items), used whenever it takes the arguments; it is
-  built on first use with the host C compiler (``_native``);
+  built on first use with the host C compiler (``torchair.ops.toolchain.native``);
 * the BLAS path below, for everything else (no compiler, head dim not a multiple of 16, ...).
 
 How the BLAS path runs (one call):
@@ -38,8 +39,9 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops import _decode_native, _device_checks
-from torchair.ops._decode import register_decode_kernel
+from torchair.ops import _device_checks
+from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention.decode import register_decode_kernel
 
 CHUNK_SIZE: int | None = None
 # Automatic chunk: float32 K of one chunk (all rows) ~_CHUNK_BYTES when the cache is read in place;
@@ -74,7 +76,8 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          k_offset: torch.Tensor | None = None,
                          v_scale: torch.Tensor | None = None,
                          v_offset: torch.Tensor | None = None) -> torch.Tensor:
-    """Canonical decode attention on CPU (see the module doc and ``_decode``)."""
+    """Canonical decode attention on CPU (see the module doc and
+    ``torchair.ops.attention.decode``)."""
     batch, heads, dim = q.shape
     nkv = k_cache.shape[1]
     group = heads // nkv

@@ -13,8 +13,8 @@
 // Arguments it does not take (another dtype or device, a head dim that is not a multiple of 16,
 // more than 64 query heads per kv head, K and V with different strides, ...) go through the
 // dispatcher to npu::npu_incre_flash_attention_tensor, so results and errors never differ from
-// the general op. Callers (torchair.ops._launch) run the general op's shape validation once,
-// before they use this operator for a signature.
+// the general op. Callers (torchair.ops.attention.cpu.launch) run the general op's shape validation
+// once, before they use this operator for a signature.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -72,7 +72,7 @@ struct Deferred {};  // thrown by fail() when the error was kept
 }
 
 constexpr int kMaxG = 64, kMaxD = 512;
-constexpr int64_t kMinSplit = 512, kSerialWork = 1024;  // as torchair.ops._decode_native
+constexpr int64_t kMinSplit = 512, kSerialWork = 1024;  // as torchair.ops.attention.cpu.native
 const char *kOp = "npu_incre_flash_attention";
 
 // Everything the kernel needs that the shapes decide.
@@ -298,7 +298,7 @@ at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::
 // the general op's), a length or block id the general op must report, runs the general op
 // (torchair_native::ifa_general[_tensor], torchair's Python implementation).
 
-std::atomic<bool> g_eager_on{true};  // torchair.ops._ifa_fast.disabled() turns it off
+std::atomic<bool> g_eager_on{true};  // torchair.ops.attention.ifa_fast.disabled() turns it off
 std::mutex g_sig_mutex;
 std::set<std::vector<int64_t>> g_signatures;  // validated by the general op
 std::atomic<uint64_t> g_sig_epoch{0};         // bumped whenever signatures are forgotten
@@ -472,7 +472,7 @@ int torchair_launch_take_error(char *buf, int size) {
   return n > 0 ? n : 1;
 }
 
-// Turns the eager entry on or off (torchair.ops._ifa_fast.disabled) and forgets the
+// Turns the eager entry on or off (torchair.ops.attention.ifa_fast.disabled) and forgets the
 // validated signatures (tests; a kernel library rebuilt).
 void torchair_launch_set_eager(int on) { g_eager_on.store(on != 0); }
 void torchair_launch_clear(void) {

@@ -21,17 +21,14 @@ in a CUDA graph.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 
-from torchair.ops._triton_utils import HAS_TRITON, interpreted, launch_mode, next_pow2, tl, triton
-from torchair.ops._triton_utils import rint as _rint
+from torchair.ops.toolchain.triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2,
+                                                 tl, triton)
+from torchair.ops.toolchain.triton_utils import rint as _rint
+from torchair.ops.quant.plans import QuantMatmulPlan, SwigluQuantPlan
 
-
-if TYPE_CHECKING:
-    from torchair.ops.dequant_swiglu_quant import SwigluQuantPlan
-    from torchair.ops.quant_matmul import QuantMatmulPlan
 
 __all__ = ["HAS_TRITON", "check_matmul_blocks", "dequant_swiglu_quant_triton", "interpreted",
            "quant_matmul_triton"]

@@ -23,10 +23,10 @@ value-dependent on ``actual_seq_lengths`` (a host ``SymInt[]``); its tensor twin
 ``npu_incre_flash_attention_tensor`` takes the lengths as a 1-D int64 device tensor, and with
 tensor lengths nothing is read on the host (CUDA-graph capturable). The eager kernel sends
 decode steps (S_q == 1, no pse_shift, an atten_mask without a per-head or per-row dimension) to
-:func:`torchair.ops._decode.decode_attention` (the device's fast kernel) and quantizes its output
-there; everything else runs :func:`incre_flash_attention_reference`. The constraints of the
-contract are checked in :mod:`torchair.ops._ifa_checks` (``ValueError``); ``padding_mask`` is
-reserved and must be None; int8 query/key/value together (and with it ``dequant_scale1``,
+:func:`torchair.ops.attention.decode.decode_attention` (the device's fast kernel) and quantizes its
+output there; everything else runs :func:`incre_flash_attention_reference`. The constraints of the
+contract are checked in :mod:`torchair.ops.attention.ifa_checks` (``ValueError``); ``padding_mask``
+is reserved and must be None; int8 query/key/value together (and with it ``dequant_scale1``,
 ``quant_scale1``, ``dequant_scale2``) are not supported, as in the contract.
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import Sequence
 
 import torch
 
-from torchair.ops import _attention_common as _common
-from torchair.ops import _ifa_compute as _compute
-from torchair.ops import _ifa_fast as _fast
-from torchair.ops._ifa_checks import IfaPlan, validate
+from torchair.ops.attention import common as _common
+from torchair.ops.attention import ifa_compute as _compute
+from torchair.ops.attention import ifa_fast as _fast
+from torchair.ops.attention.ifa_checks import IfaPlan, validate
 from torchair.ops._registry import define_op, register_value_dependent
 
 __all__ = ["incre_flash_attention_reference", "npu_incre_flash_attention",

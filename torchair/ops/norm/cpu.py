@@ -1,7 +1,7 @@
 """Fast CPU kernels of the RMS-norm and dynamic-quant ops: cache-sized row chunks, float32 buffers.
 
-Same contracts as the references in :mod:`torchair.ops.rms_norm` and
-:mod:`torchair.ops.dynamic_quant` (see their module docs); arguments arrive already checked.
+Same contracts as the references in :mod:`torchair.ops.norm.rms_norm` and
+:mod:`torchair.ops.quant.dynamic_quant` (see their module docs); arguments arrive already checked.
 
 How a call runs: the rows (all leading dims flattened; the normalized / quantized dims are one
 row of ``n`` elements) are walked in chunks of ``R`` rows, a Python loop over chunks only. Each
@@ -49,7 +49,7 @@ def chunk_rows(width: int) -> int:
 
 def rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list:
     """``x.shape[:-k] + (1,) * k`` with ``k = gamma.dim()`` (symbolic sizes stay symbolic): the
-    shape of ``rstd`` of the RMS-norm family (re-exported by :mod:`torchair.ops.rms_norm`)."""
+    shape of ``rstd`` of the RMS-norm family (re-exported by :mod:`torchair.ops.norm.rms_norm`)."""
     k = gamma.dim()
     return list(x.shape[:x.dim() - k]) + [1] * k
 
