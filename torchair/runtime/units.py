@@ -139,7 +139,7 @@ class StaticUnit:
                 logger.warning("%s: the cached library could not be run (%s); compiling the "
                                "graph in this process instead", what, exc)
                 self.engine_name = "inductor"
-        if self.engine_name not in ("inductor", _engines.AOT_ENGINE):
+        if self.engine_name not in ("inductor", _engines.CPP_ENGINE, _engines.AOT_ENGINE):
             return fx_engine(self._launch_graph(unit_args))
         gm = self._launch_graph(unit_args)
         # AOT's runtime may have a dispatch mode active on this call; compile outside it

@@ -17,10 +17,16 @@ microseconds, not the general op's Python.
 :func:`bind_static_unit` rewrites, in a CPU static unit's FX graph, each
 ``npu_incre_flash_attention_tensor`` call that the kernel can serve (decode: one query token, no
 mask, pse_shift, antiquant or output quantization; the general op's shape validation passes for
-the unit's fixed shapes) into that operator. Arguments the kernel turns out not to take at run
-time are passed by the C++ code to the general op through the dispatcher, so results and errors
-are the general op's. The eager fast path (:mod:`torchair.ops.attention.ifa_fast`) calls the
-operator too, with window ends it has checked on the host.
+the unit's fixed shapes; the kernel takes the shapes and strides) into that operator, with
+``defer_errors=True``: a bad length or block id is kept and the call returns zeros, and the unit
+(wrapped by :func:`checked`) raises it after the run as the ``ValueError`` eager raises.
+
+The same library is also the CPU kernel of ``npu_incre_flash_attention`` and its tensor twin
+themselves (registered at the CPU dispatch key, ahead of the Python kernel registered for every
+device): a call whose signature the general op has validated once runs the decode kernel
+without entering Python; everything else goes to the general op, registered for that purpose as
+``torchair_native::ifa_general[_tensor]``. The Python fast path
+(:mod:`torchair.ops.attention.ifa_fast`) calls ``ifa_decode`` with window ends it has checked.
 
 Nothing here is required: without a C++ compiler (``$CXX``, default ``c++``), with
 ``TORCHAIR_NATIVE_KERNELS=0`` or without the C kernel, :func:`available` is False and the units
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from typing import Any
 
 import torch
@@ -50,7 +57,7 @@ _TAKEN = {"actual_seq_lengths", "block_table", "num_heads", "scale_value", "inpu
 _fake_lib: Any = None
 _lib: Any = None  # the loaded library (ctypes)
 _take_error: Any = None  # its torchair_launch_take_error
-_error_buf = ctypes.create_string_buffer(8192)
+_tls = threading.local()  # .buf: this thread's buffer for a deferred error's text
 
 
 def available() -> bool:
@@ -71,8 +78,7 @@ def _load() -> bool:
     from torchair.ops import _registry
 
     npu_entry = all(_registry.defined_here(name) for name in _IFA_OPS)
-    if npu_entry:
-        _define_general()
+    _define_general()  # ifa_decode's fallback calls it too
     err = ctypes.create_string_buffer(4096)
     lib.torchair_launch_register.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
     if lib.torchair_launch_register(int(npu_entry), err, len(err)) != 0:
@@ -129,9 +135,14 @@ def loaded() -> bool:
 
 def _take() -> str | None:
     """The error a deferred launch-kernel call of this thread kept, cleared (None: none)."""
-    if _take_error is None or not _take_error(_error_buf, len(_error_buf)):
+    if _take_error is None:
         return None
-    return _error_buf.value.decode(errors="replace")
+    buf = getattr(_tls, "buf", None)
+    if buf is None:
+        buf = _tls.buf = ctypes.create_string_buffer(8192)
+    if not _take_error(buf, len(buf)):
+        return None
+    return buf.value.decode(errors="replace")
 
 
 def checked(engine: Any) -> Any:
