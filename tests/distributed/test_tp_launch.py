@@ -84,3 +84,18 @@ def test_without_the_launcher_init_process_group_says_how_to_launch(tmp_path):
                           cwd=tmp_path, check=False)
     assert done.returncode != 0
     assert "torchair run --nproc-per-node N" in done.stderr, done.stderr[-2000:]
+
+
+def test_launch_arguments_are_checked(tmp_path, capsys):
+    import pytest
+
+    from torchair import cli
+
+    script = tmp_path / "s.py"
+    script.write_text("")
+    for argv, message in ((["--nproc-per-node", "0"], "expected a number of ranks >= 1"),
+                          (["--master-port", "29500"], "only used with --nproc-per-node N > 1")):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["run", *argv, str(script)])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
