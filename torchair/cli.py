@@ -1,6 +1,8 @@
 """The ``torchair`` command.
 
     torchair run [--device cpu|cuda] script.py [args...]   # an Ascend script, unchanged
+    torchair run --nproc-per-node N [--device ...] script.py [args...]
+                                                           # N ranks via torch.distributed.run
     torchair demo [...]                                    # see ``torchair demo --help``
 
 ``python -m torchair ...`` is the same command.
@@ -26,6 +28,14 @@ def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                     "seeds, memory queries) are the chosen device's.")
     run.add_argument("--device", choices=("cpu", "cuda"), default=None,
                      help="the device that plays the NPU (default: cuda when available, else cpu)")
+    run.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int,
+                     default=1, metavar="N",
+                     help="start N ranks on this host with torch.distributed.run (standalone "
+                          "rendezvous), each running SCRIPT under the emulation; "
+                          "backend='hccl' is gloo on cpu, nccl on cuda (default: 1, no launcher)")
+    run.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                     default=None, metavar="PORT",
+                     help="with --nproc-per-node N > 1: the rendezvous port (default: a free one)")
     run.add_argument("script", help="path of the Python script")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     commands.add_parser("demo", add_help=False, help="torchair's demo (arguments go to it; "
@@ -63,7 +73,42 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             run.error("--device cuda: CUDA is not available here; use --device cpu")
+    if ns.nproc_per_node < 1:
+        run.error(f"--nproc-per-node {ns.nproc_per_node}: expected a number of ranks >= 1")
+    if ns.nproc_per_node > 1:
+        return _launch(ns)
+    if ns.master_port is not None:
+        run.error("--master-port is only used with --nproc-per-node N > 1")
     from torchair.compat import run_script
 
-    run_script(ns.script, ns.args, device=ns.device)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank started by torch.distributed.run
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        # records the rank's exception for the launcher's failure summary, then re-raises it
+        record(run_script)(ns.script, ns.args, device=ns.device)
+    else:
+        run_script(ns.script, ns.args, device=ns.device)
+    return 0
+
+
+def _launch(ns: argparse.Namespace) -> int:
+    """Start ``ns.nproc_per_node`` ranks with torch.distributed.run, each one
+    ``python -m torchair run --device D script args``; returns the launcher's exit status."""
+    import torch
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    device = ns.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    launcher = ["--nproc-per-node", str(ns.nproc_per_node)]
+    if ns.master_port is None:
+        launcher.append("--standalone")
+    else:  # a single-node static rendezvous on the given port
+        launcher += ["--nnodes", "1", "--master-addr", "127.0.0.1",
+                     "--master-port", str(ns.master_port)]
+    argv = [*launcher, "--module", "torchair", "run", "--device", device, ns.script, *ns.args]
+    try:
+        torchrun.main(argv)
+    except ChildFailedError as err:
+        print(f"torchair run: {err}", file=sys.stderr)
+        return 1
     return 0

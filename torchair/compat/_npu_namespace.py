@@ -3,7 +3,9 @@
 On a CUDA emulation every call forwards to ``torch.cuda`` with the NPU device argument mapped.
 On the CPU:
 
-- device queries answer for one device (``device_count() == 1``, index 0);
+- device queries answer for one device (``device_count() == 1``), except that
+  ``set_device(i)`` is accepted for any ``i`` (a tensor-parallel rank sets its local rank) and
+  ``current_device()`` then returns ``i``; tensors still go to the CPU;
 - ``synchronize``, ``empty_cache`` and ``reset_peak_memory_stats`` do nothing (host work is
   synchronous; the CPU allocator keeps no cache or statistics);
 - ``memory_allocated`` / ``max_memory_allocated`` / ``memory_reserved`` / ``max_memory_reserved``
@@ -23,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from torchair.compat._device import to_emulated
+from torchair.compat._device import _index_of, to_emulated
 from torchair.compat._errors import module_getattr
 from torchair.compat._settings import settings_api
 from torchair.compat._streams import stream_api
@@ -104,8 +106,16 @@ def _host_api() -> dict[str, Callable[..., Any] | type]:
         call.__name__ = name
         return call
 
+    current = [0]  # the index the script set (its local rank under the launcher)
+
     def set_device(device: Any) -> None:
         to_emulated(cpu, device)
+        index = _index_of(device)
+        if index is not None:
+            if index < 0:
+                raise ValueError(f"torch.npu.set_device({device!r}): a device index must be "
+                                 ">= 0")
+            current[0] = index
         logger.debug("torch.npu.set_device(%r): the emulated NPU is the CPU", device)
 
     def manual_seed(seed: int) -> None:
@@ -117,7 +127,7 @@ def _host_api() -> dict[str, Callable[..., Any] | type]:
                          ("get_device_properties", _host_properties)):
         api[name] = checked(result, name)
     api.update(
-        device_count=lambda: 1, current_device=lambda: 0, set_device=set_device,
+        device_count=lambda: 1, current_device=lambda: current[0], set_device=set_device,
         device=_HostDevice, empty_cache=lambda: None, manual_seed=manual_seed,
         manual_seed_all=manual_seed, seed=torch.seed, seed_all=torch.seed,
         initial_seed=torch.initial_seed, get_rng_state=lambda device="npu": torch.get_rng_state(),

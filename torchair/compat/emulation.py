@@ -6,6 +6,8 @@
   emulated modules);
 - ``torch.npu`` (the same namespace as ``torch_npu.npu``);
 - ``torch.Tensor.npu``, ``torch.Tensor.is_npu`` and ``torch.nn.Module.npu``;
+- ``torch.distributed.init_process_group`` / ``new_group`` (HCCL played by gloo or NCCL) and
+  ``sys.modules["torch_npu.distributed"]`` (see :mod:`._distributed`);
 - ``torch.device`` (a stand-in that maps ``"npu"``) and a ``TorchFunctionMode`` on this
   thread's mode stack that maps ``device="npu[:i]"`` arguments (see :mod:`._mode`).
 
@@ -21,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from torchair.compat._device import emulated_string, resolve_device
+from torchair.compat._distributed import distributed_patches, make_torch_npu_distributed
 from torchair.compat._mode import NpuDeviceMode, make_device_class, pop_mode
 from torchair.compat._npu_namespace import make_npu_namespace
 from torchair.compat._streams import HostStream
@@ -156,6 +159,11 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
     emulation._set(sys.modules, "torch_npu", torch_npu)
     emulation._set(sys.modules, "torch_npu.npu", npu_ns)
     emulation._set(sys.modules, "torch_npu.npu.utils", npu_ns.utils)
+    if torch.distributed.is_available():
+        torch_npu.distributed = make_torch_npu_distributed()
+        emulation._set(sys.modules, "torch_npu.distributed", torch_npu.distributed)
+    for owner, name, value in distributed_patches(target):
+        emulation._set(owner, name, value)
     emulation._set(torch, "npu", npu_ns)
     emulation._set(torch.Tensor, "npu", tensor_npu)
     emulation._set(torch.Tensor, "is_npu", property(lambda self: self.device.type == target.type))
