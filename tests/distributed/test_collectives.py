@@ -168,14 +168,15 @@ def _nccl_worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
-                    reason="needs 2 CUDA GPUs and NCCL")
+@pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),
+                    reason="needs a CUDA GPU and NCCL")
 def test_nccl_collective_stays_in_one_cuda_graph(tmp_path):
-    mp.start_processes(_nccl_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2,
+    world = min(2, torch.cuda.device_count())  # one GPU: a 1-rank NCCL world still captures
+    mp.start_processes(_nccl_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world,
                        start_method="spawn").join(timeout=300)
-    for rank in range(2):
+    for rank in range(world):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert r["equal"] == [True, True], r
         assert r["launch"] == "one launch unit: CUDA graph replay", r
-        assert r["collectives"] == ("all_reduce x1 inside the launch unit (captured in the CUDA "
-                                    "graph) (nccl, device, captured)"), r
+        assert r["collectives"] == ("all_reduce x1 inside the launch unit (nccl, captured in "
+                                    "the CUDA graph)"), r

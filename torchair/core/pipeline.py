@@ -92,17 +92,16 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     elif unit is None:
         unit = _host_unit(gm, example_inputs, config, report)
     segmented.note_launches(gm, report)
-    report.collectives = _collectives.describe(gm, _collectives_where(report))
+    report.collectives = _describe_collectives(gm, report)
     return _boxed(_publish(report, unit))
 
 
-def _collectives_where(report: GraphReport) -> str:
+def _describe_collectives(gm: fx.GraphModule, report: GraphReport) -> str:
     """Where a graph's collectives run, from how the graph launches."""
-    if "CUDA graph" in report.launch:
-        return "inside the launch unit (captured in the CUDA graph)"
     if report.launch.startswith("one launch unit"):
-        return "inside the launch unit"
-    return f"between the host-scheduled ops ({report.launch})"
+        return _collectives.describe(gm, "inside the launch unit",
+                                     captured="CUDA graph" in report.launch)
+    return _collectives.describe(gm, f"between the host-scheduled ops ({report.launch})")
 
 
 def _publish(report: GraphReport, unit: Callable) -> Callable:
@@ -171,7 +170,7 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
                for g in table.gears])
     if not first.build_static:
         unit = _host_unit(gm, example_inputs, config, report)
-        report.collectives = _collectives.describe(gm, _collectives_where(report))
+        report.collectives = _describe_collectives(gm, report)
         return _publish(report, unit)
 
     def build(k: int, pool: Any) -> Callable:

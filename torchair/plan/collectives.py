@@ -81,8 +81,9 @@ def backends(gm: fx.GraphModule) -> list[str]:
     return found
 
 
-def describe(gm: fx.GraphModule, where: str) -> str:
-    """One report line: ``all_reduce x2, all_gather_into_tensor x1 <where> (gloo, host)``."""
+def describe(gm: fx.GraphModule, where: str, captured: bool = False) -> str:
+    """One report line: ``all_reduce x2, all_gather_into_tensor x1 <where> (gloo, host)``;
+    ``captured``: the collectives are recorded in a CUDA graph and replayed with it."""
     counts: dict[str, int] = {}
     for _, name in collective_nodes(gm):
         counts[name] = counts.get(name, 0) + 1
@@ -90,6 +91,6 @@ def describe(gm: fx.GraphModule, where: str) -> str:
         return ""
     ops = ", ".join(f"{k} x{v}" for k, v in counts.items())
     names = backends(gm)
-    kind = "device, captured" if "nccl" in names and "captured" in where else (
+    kind = "captured in the CUDA graph" if captured else (
         "device" if "nccl" in names else "host")
     return f"{ops} {where} ({', '.join(names)}, {kind})"
