@@ -163,3 +163,54 @@ def worker(rank: int, world: int, port: int, out_dir: str, names: list, inductor
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
         dist.destroy_process_group()
+
+
+class CachedTP(torch.nn.Module):
+    """A tensor-parallel step cached per rank with ``torchair.inference.cache_compile``."""
+
+    def __init__(self, cache_dir: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = torch.nn.Linear(4, 4)
+        config = torchair.CompilerConfig()
+        config.debug.run_eagerly = True
+        self.cached = torchair.inference.cache_compile(self.step, cache_dir=cache_dir,
+                                                       config=config)
+
+    def step(self, x):
+        y = self.l(x)
+        dist.all_reduce(y)
+        return y * 2
+
+    def forward(self, x):
+        return self.cached(x)
+
+
+def cache_worker(rank: int, world: int, port: int, out_dir: str, cache_dir: str,
+                 warm: bool) -> None:
+    """Runs CachedTP on this rank; ``warm``: Dynamo refuses to run (the entry must serve)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    warnings.simplefilter("ignore")
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    result: dict = {}
+    try:
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        if warm:
+            def refuse(*args, **kwargs):
+                raise AssertionError("Dynamo was entered on a warm start")
+            torch.compile = refuse
+            torch._dynamo.optimize = refuse
+        model = CachedTP(cache_dir)
+        x = torch.arange(8.).reshape(2, 4) + rank
+        with torch.no_grad():
+            out = model(x)
+            want = model.step(x)
+        result = {"equal": bool(torch.equal(out, want)),
+                  "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames}
+    except Exception:  # noqa: BLE001 - reported to the parent
+        result = {"error": traceback.format_exc()[-3000:]}
+    finally:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+        dist.destroy_process_group()

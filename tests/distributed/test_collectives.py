@@ -180,3 +180,41 @@ def test_nccl_collective_stays_in_one_cuda_graph(tmp_path):
         assert r["launch"] == "one launch unit: CUDA graph replay", r
         assert r["collectives"] == ("all_reduce x1 inside the launch unit (nccl, captured in "
                                     "the CUDA graph)"), r
+
+
+# ------------------------------------------------------------------- per-rank cache_compile
+
+def _cache_world(tmp_path, cache_dir, world, warm) -> list[dict]:
+    out = tmp_path / f"out_{world}_{warm}"
+    out.mkdir()
+    ctx = mp.start_processes(_world.cache_worker,
+                             args=(world, _free_port(), str(out), str(cache_dir), warm),
+                             nprocs=world, join=False, start_method="spawn")
+    import time
+    start = time.monotonic()
+    while not ctx.join(timeout=5):
+        if time.monotonic() - start > 120:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("the cache_compile world did not finish in 120 s")
+    results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    for rank, r in enumerate(results):
+        assert "error" not in r, f"rank {rank}:\n{r['error']}"
+    return results
+
+
+def test_cache_compile_warm_starts_each_rank_from_its_own_directory(tmp_path):
+    import pathlib
+
+    cache = tmp_path / "cache"
+    cold = _cache_world(tmp_path, cache, 2, warm=False)
+    assert all(r["equal"] and r["dynamo_graphs"] == 1 for r in cold), cold
+    ranks = sorted(p.parent.parent.name for p in pathlib.Path(cache).rglob("meta.json"))
+    assert ranks == ["world2global_rank0", "world2global_rank1"]
+    warm = _cache_world(tmp_path, cache, 2, warm=True)  # Dynamo refuses: the entries serve
+    assert all(r["equal"] and r["dynamo_graphs"] == 0 for r in warm), warm
+    # another world size never loads a 2-rank entry: it compiles its own
+    (single,) = _cache_world(tmp_path, cache, 1, warm=False)
+    assert single["equal"] and single["dynamo_graphs"] == 1, single
+    ranks = sorted(p.parent.parent.name for p in pathlib.Path(cache).rglob("meta.json"))
+    assert ranks == ["world1global_rank0", "world2global_rank0", "world2global_rank1"]
