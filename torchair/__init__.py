@@ -50,13 +50,18 @@ def __getattr__(name: str):
 
 
 def patch_for_hcom() -> None:
-    """TorchAir: patch ``torch.distributed`` collectives for HCCL graphs on old PyTorch.
+    """TorchAir: make the in-place ``torch.distributed`` collectives traceable in graphs.
 
-    PyTorch >= 2.3.1 traces the collectives itself (torchair needs >= 2.6), so, as in TorchAir
-    on those versions, this only warns and patches nothing.
+    PyTorch >= 2.3.1 already remaps most of them (warned, as in TorchAir); this adds
+    ``dist.broadcast`` and ``dist.all_to_all`` and a clear error for a collective traced without
+    a process group. Idempotent; ``torchair.distributed.unpatch_for_hcom()`` undoes it. See
+    :mod:`torchair.distributed.hcom` for exactly what it patches.
     """
+    from torchair.distributed import hcom
+
     warnings.warn("For versions 2.3.1 and above of PyTorch, there is no need to call "
                   "patch_for_hcom anymore.", stacklevel=2)
+    hcom.patch_for_hcom()
 
 
 def register_fx_node_ge_converter(aten_op: Any) -> Callable[[Callable], Callable]:

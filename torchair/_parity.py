@@ -48,8 +48,10 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
     ("torchair.npu_format_cast_via_cpu", (NO_EFFECT, "returns the tensor in ND layout "
                                                      "(contiguous); Ascend's internal layouts do "
                                                      "not exist here")),
-    ("torchair.patch_for_hcom", (NO_EFFECT, "warns that PyTorch >= 2.3.1 needs no patch, as "
-                                            "TorchAir does on those versions")),
+    ("torchair.patch_for_hcom", (WORKS, "warns that PyTorch >= 2.3.1 needs no patch, as "
+                                        "TorchAir does, and makes dist.broadcast and "
+                                        "dist.all_to_all traceable (Dynamo's remap table; "
+                                        "torch.distributed itself is untouched)")),
     ("torchair.register_fx_node_ge_converter", (NO_EFFECT, "the decorator is accepted and "
                                                            "returns the converter unchanged; "
                                                            + _GE + " and runs ops through their "

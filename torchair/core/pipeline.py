@@ -17,6 +17,7 @@ from torchair.core import recorder
 from torchair.core.utils import logger
 from torchair.inference.gears import GearDim, GearTable, merge_gears
 from torchair.passes import default_passes, run_passes
+from torchair.plan import collectives as _collectives
 from torchair.plan.analysis import Analysis, analyze
 from torchair.plan.inputs import InputInfo, describe_inputs
 from torchair.plan.report import GraphReport, add_report, next_graph_id
@@ -56,6 +57,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     signature = signature or _default_signature(example_inputs, gm)
     if len(signature.names) != len(example_inputs):
         signature = _default_signature(example_inputs, gm)
+    _collectives.check_process_groups(gm)
     graph_id = next_graph_id()
     mutated = mutated_inputs(gm)
     inputs = describe_inputs(example_inputs, signature.names, signature.kinds, mutated)
@@ -90,7 +92,16 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     elif unit is None:
         unit = _host_unit(gm, example_inputs, config, report)
     segmented.note_launches(gm, report)
+    report.collectives = _describe_collectives(gm, report)
     return _boxed(_publish(report, unit))
+
+
+def _describe_collectives(gm: fx.GraphModule, report: GraphReport) -> str:
+    """Where a graph's collectives run, from how the graph launches."""
+    if report.launch.startswith("one launch unit"):
+        return _collectives.describe(gm, "inside the launch unit",
+                                     captured="CUDA graph" in report.launch)
+    return _collectives.describe(gm, f"between the host-scheduled ops ({report.launch})")
 
 
 def _publish(report: GraphReport, unit: Callable) -> Callable:
@@ -158,7 +169,9 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
         gears=[{"gear": table.describe(g), "built": False, "build_seconds": None}
                for g in table.gears])
     if not first.build_static:
-        return _publish(report, _host_unit(gm, example_inputs, config, report))
+        unit = _host_unit(gm, example_inputs, config, report)
+        report.collectives = _describe_collectives(gm, report)
+        return _publish(report, unit)
 
     def build(k: int, pool: Any) -> Callable:
         sgm, ginputs, analysis = plan(k)
@@ -170,6 +183,7 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
     unit = GearUnit(table, build, report)
     if rec is not None:
         rec.launch_unit = unit
+    report.collectives = _collectives.describe(gm, "inside each gear's launch unit")
     return _publish(report, unit)
 
 

@@ -164,7 +164,22 @@ def describe_object(obj: Any) -> dict | None:
     if isinstance(obj, enum.Enum):  # a member is unique in its class: class and name say which
         cls = type(obj)
         return {"enum": [cls.__module__, cls.__qualname__, obj.name]}
-    return None
+    return _describe_process_group(obj)
+
+
+def _describe_process_group(obj: Any) -> dict | None:
+    """A process group (Dynamo ID_MATCHes ``dist.group.WORLD`` under an in-place collective) is
+    the same group in another process when its name, backend and member ranks are (the cache
+    directory already separates world sizes and ranks)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not isinstance(obj, dist.ProcessGroup):
+        return None
+    try:
+        return {"process_group": [obj.group_name, str(dist.get_backend(obj)),
+                                  list(dist.get_process_group_ranks(obj))]}
+    except (RuntimeError, ValueError):  # not registered with c10d (destroyed, or not a group)
+        return None
 
 
 # ------------------------------------------------------------------------- global state

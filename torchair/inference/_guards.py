@@ -93,6 +93,9 @@ def _record(kind: str, source: str, parts: list[str], manager: Any, frame: dict,
         if rec["depth"]:
             raise UnsupportedGuard("the function was traced under a TorchFunctionMode "
                                    "(TORCH_FUNCTION_MODE_STACK); a cached graph cannot restore it")
+    elif code and code[0].startswith("___check_fake_script_type(") and _is_process_group(
+            source, frame, globals_):
+        rec["advisory"] = "the script type of a ProcessGroup: implied by its ID_MATCH"
     elif kind == "DEFAULT_DEVICE":
         if code != ["utils_device.CURRENT_DEVICE == None"]:
             raise UnsupportedGuard(f"DEFAULT_DEVICE `{code[0]}`: traced under a default-device "
@@ -114,6 +117,21 @@ def _mode_depth() -> int:
     import torch
 
     return int(torch._C._len_torch_function_stack())
+
+
+def _is_process_group(source: str, frame: dict, globals_: dict) -> bool:
+    """Whether ``source`` is a ``torch.distributed.ProcessGroup`` in the cold call's frame."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return False
+    sources = Sources()
+    try:
+        slot = source_slot(source, sources)
+    except UnsupportedGuard:
+        return False
+    values, why = sources.evaluate(frame, Globals(globals_))
+    return not why and isinstance(values[slot], dist.ProcessGroup)
 
 
 def _type_of(manager: Any, source: str) -> list:

@@ -47,6 +47,9 @@ class GraphReport:
     # calls a CPU static unit makes to C++ launch kernels instead of the general op (filled in
     # when it is built; see torchair.ops.attention.cpu.launch)
     launch_kernels: int = 0
+    # collectives (``_c10d_functional`` ops) and where they run, e.g. "all_reduce x2 inside the
+    # launch unit (gloo, host)"; "" for a graph without collectives
+    collectives: str = ""
 
     @property
     def path(self) -> int:
@@ -93,6 +96,8 @@ class GraphReport:
                       for i, (seg, how) in enumerate(zip(plan["segments"], launch))]
             lines += [f"    skipped {name}: {why}" for name, why in plan["skipped"]]
         lines.append(f"  launch: {self.launch} [{self.engine} engine]")
+        if self.collectives:
+            lines.append(f"  collectives: {self.collectives}")
         if self.launches_per_step is not None:
             lines.append(f"  launches per step: {self.launches_per_step}")
         if self.build_seconds is not None:

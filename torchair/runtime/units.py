@@ -146,8 +146,12 @@ class StaticUnit:
         directory = _engines.aot_directory()
         with _disable_current_modes():
             if directory is None:
+                # Inductor's C++ wrapper cannot call c10d's functional collectives (their
+                # group arguments); such graphs go straight to its Python wrapper
+                from torchair.plan.collectives import collective_nodes
+
                 cpp = (self.capture is None and _device_of(unit_args).type == "cpu"
-                       and _engines.cpp_wrapper_enabled())
+                       and _engines.cpp_wrapper_enabled() and not collective_nodes(gm))
                 engine, self.engine_name = inductor_engine(gm, unit_args, what, cpp_wrapper=cpp)
             else:
                 engine, self.engine_name, self.files = _engines.aot_engine(
