@@ -4,14 +4,25 @@
 
 Each rank holds a column shard of the first weight and a row shard of the second (Megatron
 style): the hidden activations are gathered with ``all_gather_into_tensor`` for a check, the
-partial outputs are summed with ``all_reduce``. Every rank prints one line ``rank R/W: ...``
-and checks its result against the full (unsharded) MLP computed locally.
+partial outputs are summed with ``all_reduce``. The same layer is then compiled with torchair
+(``torchair.patch_for_hcom()``, the in-place ``all_reduce`` inside the graph; FX engine, or
+Inductor with ``TP_ENGINE=inductor``). Every rank prints one line ``rank R/W: ...`` and checks
+both results against the full (unsharded) MLP computed locally.
 """
 import os
 
 import torch
 import torch.distributed as dist
 import torch_npu  # noqa: F401  (Ascend scripts import it; torchair run emulates it)
+import torchair
+
+
+def tp_mlp(x, w1_local, w2_local):
+    """The tensor-parallel MLP as one compiled graph: column-parallel, then row-parallel with the
+    in-place all_reduce that patch_for_hcom makes traceable."""
+    y = torch.relu(x @ w1_local) @ w2_local
+    dist.all_reduce(y)
+    return y
 
 
 def main() -> None:
@@ -47,14 +58,24 @@ def main() -> None:
     dist.broadcast(token, src=0)
     dist.barrier()
 
+    # the same layer compiled by torchair (the collective runs inside the graph)
+    torchair.patch_for_hcom()
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = os.environ.get("TP_ENGINE", "fx") == "fx"  # fx: fast to compile
+    compiled = torch.compile(tp_mlp, backend=torchair.get_npu_backend(compiler_config=config),
+                             fullgraph=True)
+    y_compiled = compiled(x, w1_local, w2_local)
+
     reference = torch.relu(x @ w1) @ w2
+    compiled_ok = torch.allclose(y_compiled, reference, atol=1e-4)
     ok = (torch.allclose(y, reference, atol=1e-4) and torch.allclose(h_full, torch.relu(x @ w1))
           and part.tolist() == [float(2 * rank + i) * world * (world + 1) / 2 for i in range(2)]
           and swapped.tolist() == [float(r) for r in range(world)] and token.item() == 0.0)
     print(f"rank {rank}/{world}: npu={torch.npu.current_device()} device={y.device.type} "
-          f"sum={y.sum().item():.4f} matches_full={ok}\n", end="", flush=True)  # one write
+          f"sum={y.sum().item():.4f} matches_full={ok} compiled_matches={compiled_ok}\n", end="",
+          flush=True)  # one write
     dist.destroy_process_group()
-    if not ok:
+    if not (ok and compiled_ok):
         raise SystemExit(f"rank {rank}: tensor-parallel result differs from the full MLP")
 
 

@@ -25,10 +25,11 @@ def _torchair_run(*args, cwd, timeout_s="60", spelling="--nproc-per-node"):
 def test_two_ranks_run_the_tensor_parallel_example(tmp_path):
     done, _ = _torchair_run(TP_SCRIPT, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    found = sorted(re.findall(r"rank (\d)/2: npu=(\d) device=(\w+) sum=(\S+) matches_full=(\w+)",
-                              done.stdout))
+    found = sorted(re.findall(r"rank (\d)/2: npu=(\d) device=(\w+) sum=(\S+) matches_full=(\w+) "
+                              r"compiled_matches=(\w+)", done.stdout))
     assert [row[:3] for row in found] == [("0", "0", "cpu"), ("1", "1", "cpu")], done.stdout
-    assert all(row[4] == "True" for row in found), done.stdout
+    # eager collectives and the torchair-compiled TP layer (all_reduce inside the graph)
+    assert all(row[4] == "True" and row[5] == "True" for row in found), done.stdout
     assert found[0][3] == found[1][3]  # all_reduce: both ranks hold the same sum
 
 
