@@ -7,6 +7,12 @@ Per layer: ``npu_add_rms_norm`` (residual add + RMSNorm in one op) -> q/k/v proj
 output projection -> ``npu_add_rms_norm`` -> SwiGLU MLP. A final ``npu_add_rms_norm``, the LM
 head and ``argmax`` give the next token (greedy), inside the step.
 
+Tensor parallel (``DemoConfig.tp`` > 1, :func:`shard`): Megatron style, q/k/v and gate/up
+column-parallel (each rank holds ``heads / tp`` query heads, ``kv_heads / tp`` KV heads and
+``intermediate / tp`` SwiGLU columns), o/down row-parallel followed by a functional
+``all_reduce`` (sum) over the process group; each rank's paged KV pools hold only its KV heads.
+Embedding, norms and the LM head are replicated, so every rank computes the same next token.
+
 Weights are seeded random numbers: nothing is downloaded.
 """
 from __future__ import annotations
@@ -15,11 +21,13 @@ import dataclasses
 import math
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 
 import torchair  # noqa: F401  (registers torch.ops.npu.*)
 
-__all__ = ["DemoConfig", "Decoder", "PagedKVCache"]
+__all__ = ["DemoConfig", "Decoder", "PagedKVCache", "shard"]
 
 # A module constant, not a module attribute: Dynamo (dynamic=True) would trace a float attribute
 # as a graph input and then retrace once to specialize it.
@@ -39,6 +47,7 @@ class DemoConfig:
     block_size: int = 16
     max_len: int = 128  # positions the rotary table and the block table cover
     rope: bool = True
+    tp: int = 1  # tensor-parallel ranks; the local_* sizes are one rank's shard
 
     @property
     def head_dim(self) -> int:
@@ -47,6 +56,23 @@ class DemoConfig:
     @property
     def kv_hidden(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def local_heads(self) -> int:
+        return self.heads // self.tp
+
+    @property
+    def local_kv_heads(self) -> int:
+        return self.kv_heads // self.tp
+
+    @property
+    def local_kv_hidden(self) -> int:
+        """Width of one rank's KV cache rows (its KV heads)."""
+        return self.local_kv_heads * self.head_dim
+
+    @property
+    def local_intermediate(self) -> int:
+        return self.intermediate // self.tp
 
     @property
     def blocks_per_seq(self) -> int:
@@ -62,44 +88,65 @@ class DemoConfig:
         if self.block_size % 16:
             raise ValueError(f"block_size={self.block_size} must be a multiple of 16 (page "
                              f"attention's constraint)")
+        self.check_tp()
+
+    def check_tp(self) -> None:
+        """The heads, KV heads and SwiGLU size must split evenly over ``tp`` ranks."""
+        if self.tp < 1:
+            raise ValueError(f"tp={self.tp} must be >= 1")
+        for name, value in (("heads", self.heads), ("kv-heads", self.kv_heads),
+                            ("intermediate", self.intermediate)):
+            if value % self.tp:
+                raise ValueError(f"--tp {self.tp}: --{name} {value} is not divisible by "
+                                 f"{self.tp} (each rank takes an equal share)")
 
 
 class Layer(torch.nn.Module):
-    def __init__(self, cfg: DemoConfig) -> None:
+    def __init__(self, cfg: DemoConfig, group: "dist.ProcessGroup | None" = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.group = group  # the tensor-parallel group (cfg.tp > 1)
+        q_hidden = cfg.local_heads * cfg.head_dim
         self.attn_norm = torch.nn.Parameter(1.0 + 0.1 * torch.randn(cfg.hidden))
-        self.q_proj = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-        self.k_proj = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
-        self.v_proj = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
-        self.o_proj = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.q_proj = torch.nn.Linear(cfg.hidden, q_hidden, bias=False)
+        self.k_proj = torch.nn.Linear(cfg.hidden, cfg.local_kv_hidden, bias=False)
+        self.v_proj = torch.nn.Linear(cfg.hidden, cfg.local_kv_hidden, bias=False)
+        self.o_proj = torch.nn.Linear(q_hidden, cfg.hidden, bias=False)
         self.mlp_norm = torch.nn.Parameter(1.0 + 0.1 * torch.randn(cfg.hidden))
-        self.gate_proj = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.up_proj = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.down_proj = torch.nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+        self.gate_proj = torch.nn.Linear(cfg.hidden, cfg.local_intermediate, bias=False)
+        self.up_proj = torch.nn.Linear(cfg.hidden, cfg.local_intermediate, bias=False)
+        self.down_proj = torch.nn.Linear(cfg.local_intermediate, cfg.hidden, bias=False)
 
     def attention(self, a, cos, sin, slots, block_table, lens, k_pool, v_pool):
         cfg = self.cfg
         batch = a.shape[0]
+        heads, kv_heads, kv_hidden = cfg.local_heads, cfg.local_kv_heads, cfg.local_kv_hidden
         q, k, v = self.q_proj(a), self.k_proj(a), self.v_proj(a)
         if cfg.rope:
-            q = _rotate(q.view(batch, 1, cfg.heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
-            k = _rotate(k.view(batch, 1, cfg.kv_heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
+            q = _rotate(q.view(batch, 1, heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
+            k = _rotate(k.view(batch, 1, kv_heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
         # the new token's K/V into its slot of the paged cache, in place
-        k_pool.view(-1, cfg.kv_hidden).index_copy_(0, slots, k.reshape(batch, cfg.kv_hidden))
-        v_pool.view(-1, cfg.kv_hidden).index_copy_(0, slots, v.reshape(batch, cfg.kv_hidden))
+        k_pool.view(-1, kv_hidden).index_copy_(0, slots, k.reshape(batch, kv_hidden))
+        v_pool.view(-1, kv_hidden).index_copy_(0, slots, v.reshape(batch, kv_hidden))
         return torch.ops.npu.npu_incre_flash_attention(
             q, k_pool, v_pool, actual_seq_lengths=lens, block_table=block_table,
-            block_size=cfg.block_size, num_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
+            block_size=cfg.block_size, num_heads=heads, num_key_value_heads=kv_heads,
             input_layout="BSH", scale_value=cfg.head_dim ** -0.5)
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """Row-parallel output: the sum of every rank's partial result."""
+        if self.cfg.tp == 1:
+            return partial
+        return funcol.all_reduce(partial, "sum", self.group)
 
     def forward(self, residual, delta, cos, sin, slots, block_table, lens, k_pool, v_pool):
         a, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.attn_norm,
                                                         EPS)
-        delta = self.o_proj(self.attention(a, cos, sin, slots, block_table, lens, k_pool, v_pool))
+        delta = self._reduce(self.o_proj(self.attention(a, cos, sin, slots, block_table, lens,
+                                                        k_pool, v_pool)))
         m, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.mlp_norm,
                                                         EPS)
-        return residual, self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
+        return residual, self._reduce(self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m)))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -117,12 +164,12 @@ class Decoder(torch.nn.Module):
     ``v_pools`` one paged pool per layer, written in place.
     """
 
-    def __init__(self, cfg: DemoConfig) -> None:
+    def __init__(self, cfg: DemoConfig, group: "dist.ProcessGroup | None" = None) -> None:
         super().__init__()
         cfg.check()
         self.cfg = cfg
         self.embed = torch.nn.Parameter(torch.randn(cfg.vocab, cfg.hidden))
-        self.layers = torch.nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.layers = torch.nn.ModuleList(Layer(cfg, group) for _ in range(cfg.layers))
         self.norm = torch.nn.Parameter(1.0 + 0.1 * torch.randn(cfg.hidden))
         self.lm_head = torch.nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         freqs = 10000.0 ** (-torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
@@ -144,6 +191,36 @@ class Decoder(torch.nn.Module):
         return self.lm_head(h).argmax(dim=-1)
 
 
+def shard(full: Decoder, tp: int, rank: int, group: "dist.ProcessGroup | None" = None
+          ) -> Decoder:
+    """Rank ``rank``'s tensor-parallel shard of ``full`` (a ``tp=1`` decoder): the rows of q/k/v
+    and gate/up of its heads / SwiGLU columns, the matching columns of o/down, everything else
+    copied. Query heads ``[r*H/tp, (r+1)*H/tp)`` use KV heads ``[r*K/tp, (r+1)*K/tp)``, the same
+    GQA grouping as the full model."""
+    cfg = dataclasses.replace(full.cfg, tp=tp)
+    cfg.check()
+    with torch.device("meta"):
+        model = Decoder(cfg, group)
+    d = cfg.head_dim
+    q = slice(rank * cfg.local_heads * d, (rank + 1) * cfg.local_heads * d)
+    kv = slice(rank * cfg.local_kv_hidden, (rank + 1) * cfg.local_kv_hidden)
+    mlp = slice(rank * cfg.local_intermediate, (rank + 1) * cfg.local_intermediate)
+    rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": mlp, "up_proj": mlp}
+    cols = {"o_proj": q, "down_proj": mlp}
+    state = {}
+    for name, tensor in full.state_dict().items():
+        module = name.split(".")[-2] if "." in name else ""
+        if module in rows:
+            tensor = tensor[rows[module]]
+        elif module in cols:
+            tensor = tensor[:, cols[module]]
+        state[name] = tensor.clone()
+    model.load_state_dict(state, assign=True)
+    for name, buf in full.named_buffers():  # non-persistent: not in the state dict
+        setattr(model, name, buf.clone())
+    return model
+
+
 class PagedKVCache:
     """Block pools for every layer plus the block table of one batch.
 
@@ -158,7 +235,7 @@ class PagedKVCache:
                  dtype: torch.dtype, seed: int) -> None:
         self.cfg = cfg
         self.num_blocks = max_batch * cfg.blocks_per_seq + self.SPARE_BLOCKS
-        shape = (self.num_blocks, cfg.block_size, cfg.kv_hidden)
+        shape = (self.num_blocks, cfg.block_size, cfg.local_kv_hidden)  # this rank's KV heads
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
         self.generator = torch.Generator().manual_seed(seed)
