@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 import time
 from typing import Any, Callable, Sequence
 
@@ -62,9 +63,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (default 16)")
     p.add_argument("--no-rope", action="store_true", help="leave out the rotary embedding")
     p.add_argument("--dtype", choices=tuple(_DTYPES), default="float32")
-    p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
+    p.add_argument("--engine", choices=("inductor", "fx"), default=None,
                    help="how torchair builds the launch unit: inductor (generated code, the "
-                        "default) or fx (debug.run_eagerly: ATen ops one by one, compiles fast)")
+                        "default) or fx (debug.run_eagerly: ATen ops one by one, compiles fast; "
+                        "the default with --tp N > 1)")
+    p.add_argument("--tp", type=int, default=1, metavar="N",
+                   help="tensor parallel: start N ranks (torch.distributed.run; gloo on cpu, "
+                        "NCCL on cuda), heads / KV heads / SwiGLU split Megatron-style, and "
+                        "check the tokens against the unsharded (TP=1) decoder (default 1)")
+    p.add_argument("--tp-worker", metavar="RESULT", default=None, help=argparse.SUPPRESS)
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of PyTorch (torch.set_num_threads; default: PyTorch's)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts and block tables")
@@ -86,6 +93,11 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.intermediate = 2 * args.hidden
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be >= 1, got {args.threads}")
+    if args.tp < 1:
+        p.error(f"--tp must be >= 1, got {args.tp}")
+    args.engine_defaulted = args.engine is None
+    if args.engine is None:
+        args.engine = "fx" if args.tp > 1 else "inductor"
 
 
 @dataclasses.dataclass
@@ -171,7 +183,7 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
             if name == "floor":
                 if i > 0:
                     gemv_s.append(_timed(gemv, (), sync)[1])
-                    kv_bytes.append(kv_read_bytes([position + 1] * batch, cfg.kv_hidden,
+                    kv_bytes.append(kv_read_bytes([position + 1] * batch, cfg.local_kv_hidden,
                                                   cfg.layers, itemsize))
                 continue
             run = runs[name]
@@ -247,17 +259,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo with command-line ``argv`` (default ``sys.argv[1:]``); returns the exit code:
     0 when the compiled step's tokens equal eager's exactly, 1 otherwise."""
     parser = _parser()
-    args = parser.parse_args(None if argv is None else list(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     _check_args(parser, args)
     start = time.perf_counter()
     max_len = args.prompt_len + args.steps
     cfg = DemoConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
                      kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab,
-                     block_size=args.block_size, max_len=max_len, rope=not args.no_rope)
+                     block_size=args.block_size, max_len=max_len, rope=not args.no_rope,
+                     tp=args.tp)
     try:
         cfg.check()
     except ValueError as err:
         parser.error(str(err))
+    if args.tp > 1:
+        from torchair.demo import _tp
+
+        if args.tp_worker is not None:
+            return _tp.worker(args, args.tp_worker)
+        return _tp.launch(args, argv)
+    cfg = dataclasses.replace(cfg, tp=1)
     device, dtype = args.device, _DTYPES[args.dtype]
     if args.threads is not None:
         torch.set_num_threads(args.threads)
