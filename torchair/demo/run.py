@@ -95,6 +95,9 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--threads must be >= 1, got {args.threads}")
     if args.tp < 1:
         p.error(f"--tp must be >= 1, got {args.tp}")
+    if args.tp > 1 and args.device == "cuda" and torch.cuda.device_count() < args.tp:
+        p.error(f"--tp {args.tp} --device cuda: NCCL needs one GPU per rank, found "
+                f"{torch.cuda.device_count()}")
     args.engine_defaulted = args.engine is None
     if args.engine is None:
         args.engine = "fx" if args.tp > 1 else "inductor"
