@@ -11,7 +11,9 @@ The script starts its own 2-rank gloo world (``torch.multiprocessing`` spawn); e
 with **one torch thread** (``torch.set_num_threads(1)``), so TP=1 uses one core and TP=2 one
 core per rank. Variants, per TP size:
 
-- ``eager``: the module called directly (``no_grad``).
+- ``eager``: the module called directly (``no_grad``). At TP=2 each all_reduce call is timed
+  too (``perf_counter`` around it), which splits the step into time inside the collectives
+  (the transfer + waiting for the other rank) and the rest (the rank's compute).
 - ``torchair``: torchair path 4, as ``bench_decode_step``'s ``torchair`` variant:
   ``torch.compile(get_npu_backend(...), dynamic=True, fullgraph=True)``, tensors
   ``mark_static``, ``experimental_config.tiling_schedule_optimize`` (lengths sunk), default
@@ -19,7 +21,9 @@ core per rank. Variants, per TP size:
   ``dist.all_reduce`` after ``torchair.patch_for_hcom()``; ``functional``:
   ``_functional_collectives.all_reduce``).
 
-Diagnostics timed in the same rounds (TP=2): ``allreduce-only`` (the step's ``2 x layers``
+Diagnostics timed in the same rounds: TP=1 ``eager-2threads`` (TP=1 eager with 2 torch threads
+during its rounds: both cores used by intra-op parallelism instead of TP), and, at TP=2,
+``allreduce-only`` (the step's ``2 x layers``
 eager all_reduces of ``[B, 1, hidden]`` float32 and nothing else) and ``eager-noreduce`` (the
 TP=2 shard's eager step with the all_reduces left out: the per-rank compute; its output is
 wrong by design, so it is not checked).
@@ -62,7 +66,7 @@ import torchair  # noqa: E402
 
 TP = 2
 VARIANTS = (  # (tp, name): rotated together in every round
-    (1, "eager"), (1, "torchair"), (2, "eager"), (2, "torchair"),
+    (1, "eager"), (1, "torchair"), (1, "eager-2threads"), (2, "eager"), (2, "torchair"),
     (2, "allreduce-only"), (2, "eager-noreduce"))
 
 
@@ -73,9 +77,10 @@ class TPLayer(torch.nn.Module):
     heads / MLP columns and an all_reduce after the row-parallel o and down projections."""
 
     def __init__(self, full: D.DecoderLayer, rank: int, tp: int, collective: str,
-                 reduce: bool = True) -> None:
+                 reduce: bool = True, timer: list | None = None) -> None:
         super().__init__()
         cfg = full.cfg
+        self.timer = timer  # eager only: wall seconds of each all_reduce call appended here
         self.heads, self.kv_heads = cfg.heads // tp, cfg.kv_heads // tp
         self.scale = cfg.head_dim ** -0.5
         self.collective, self.reduce = collective, reduce
@@ -103,6 +108,15 @@ class TPLayer(torch.nn.Module):
         import torch.distributed as dist
         if not self.reduce:
             return y
+        if self.timer is not None:  # eager diagnostic: time inside the call (incl. peer wait)
+            t0 = time.perf_counter()
+            if self.collective == "functional":
+                import torch.distributed._functional_collectives as fc
+                y = fc.all_reduce(y, "sum", dist.group.WORLD).wait()
+            else:
+                dist.all_reduce(y)
+            self.timer.append(time.perf_counter() - t0)
+            return y
         if self.collective == "functional":
             import torch.distributed._functional_collectives as fc
             return fc.all_reduce(y, "sum", dist.group.WORLD)
@@ -124,9 +138,9 @@ class TPLayer(torch.nn.Module):
 
 class TPStep(torch.nn.Module):
     def __init__(self, full: D.DecoderStep, rank: int, tp: int, collective: str,
-                 reduce: bool = True) -> None:
+                 reduce: bool = True, timer: list | None = None) -> None:
         super().__init__()
-        self.layers = torch.nn.ModuleList(TPLayer(layer, rank, tp, collective, reduce)
+        self.layers = torch.nn.ModuleList(TPLayer(layer, rank, tp, collective, reduce, timer)
                                           for layer in full.layers)
         self.norm = full.norm
 
@@ -178,6 +192,8 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
     shard_v = [shard_cache(t, rank, TP) for t in init_v]
     tp_model = TPStep(full, rank, TP, args.collective).eval()
     noreduce = TPStep(full, rank, TP, args.collective, reduce=False).eval()
+    ar_times: list[float] = []  # the eager TP=2 step's all_reduce calls, timed
+    tp_eager = TPStep(full, rank, TP, args.collective, timer=ar_times).eval()
     models = {1: full, 2: tp_model}
     inits = {1: (init_k, init_v), 2: (shard_k, shard_v)}
     if rank == 0:
@@ -207,12 +223,15 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
                                    "float32 per step (the TP=2 step's collectives alone)")
                 allreduce_only(None)
                 continue
-            model = noreduce if name == "eager-noreduce" else models[tp]
+            model = (noreduce if name == "eager-noreduce" else
+                     tp_eager if (tp, name) == (2, "eager") else models[tp])
             k0, v0 = inits[tp]
             v = D.make_variant("torchair" if name == "torchair" else "eager", model, k0, v0)
-            res["describe"] = v.describe + (" [TP=2 shard, all_reduces left out: per-rank "
-                                            "compute, output not checked]"
-                                            if name == "eager-noreduce" else "")
+            res["describe"] = v.describe + {
+                "eager-noreduce": " [TP=2 shard, all_reduces left out: per-rank compute, "
+                                  "output not checked]",
+                "eager-2threads": " with 2 torch threads (both cores, as TP=2 uses) during its "
+                                  "rounds"}.get(name, "")
             reports0 = len(torchair.graph_reports())
             t0 = time.perf_counter()
             v(warm[0])
@@ -243,6 +262,7 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
         # ---- timing: interleaved rounds, rotated order, barrier before each variant's round
         per_step: dict[str, list[list[float]]] = {f"tp{tp}/{n}": [] for tp, n in VARIANTS}
         perf = time.perf_counter
+        in_ar: list[list[float]] = []
         for r in range(args.rounds):
             steps = schedule[timed_start + r * args.steps:timed_start + (r + 1) * args.steps]
             for k in range(len(VARIANTS)):
@@ -251,15 +271,23 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
                 dist.barrier()
                 if tp == 1 and rank != 0:
                     continue  # TP=1 runs on rank 0 alone; this rank waits at the next barrier
+                if name == "eager-2threads":
+                    torch.set_num_threads(2)
                 times = []
+                ar_times.clear()
                 for s in steps:
                     t0 = perf()
                     fn(s)
                     times.append(perf() - t0)
                 per_step[f"tp{tp}/{name}"].append(times)
+                torch.set_num_threads(1)
+                if (tp, name) == (2, "eager"):  # seconds inside the step's all_reduces
+                    n = len(ar_times) // len(steps)
+                    in_ar.append([sum(ar_times[i * n:(i + 1) * n]) for i in range(len(steps))])
         dist.barrier()
     for key in per_step:
         results[key]["rounds"] = per_step[key]
+    results["tp2/eager"]["in_allreduce_rounds"] = in_ar
     return results
 
 
@@ -377,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     info = ranks[0]["machine"]
     tag = H.machine_tag(info)
     print(H.format_machine(info))
-    print(f"world    : {TP} gloo ranks on this machine, 1 torch thread per rank; TP=1 runs on "
+    print(f"world    : {TP} gloo ranks on this machine, 1 torch thread per rank (eager-2threads: 2); TP=1 runs on "
           f"rank 0 (one core), TP=2 on both; collectives: {args.collective}")
     headers = ["batch", "TP", "variant", "median us", "p10", "p90", "speedup vs eager TP=1",
                "paired", "check", "first call s"]
@@ -402,6 +430,14 @@ def main(argv: list[str] | None = None) -> int:
                                       else "MISMATCH")
             entry["speedup_vs_eager_tp1"] = base_median / stats["median"]
             entry["speedup_vs_eager_tp1_paired"] = H.paired_ratios(base, rounds)
+            if key == "tp2/eager":
+                entry.pop("in_allreduce_rounds", None)
+                for rk, rr in ((0, r0), (1, r1)):
+                    inside = H.summarize(rr[key]["in_allreduce_rounds"])
+                    outside = H.summarize([[t - a for t, a in zip(ts, ars)] for ts, ars in
+                                           zip(rr[key]["rounds"], rr[key]["in_allreduce_rounds"])])
+                    entry[f"breakdown_rank{rk}"] = {"in_allreduce_us": inside,
+                                                    "outside_allreduce_us": outside}
             out["variants"][key] = entry
             rows.append([b0["batch"], tp, name, stats["median"], stats["p10"], stats["p90"],
                          entry["speedup_vs_eager_tp1"],
@@ -418,6 +454,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  batch {b['batch']} TP=2 torchair graph: path {r['path']}, build "
                   f"{'static' if r['build_static'] else 'dynamic'}, {r['engine']} engine, "
                   f"{r['collectives']}")
+    print("\nTP=2 eager step split per rank (per-step medians, us): time inside its "
+          f"{2 * args.layers} all_reduce calls (the collective + waiting for the peer) | the rest "
+          "(the rank's compute)")
+    for b in batches:
+        e = b["variants"]["tp2/eager"]
+        ar = b["variants"]["tp2/allreduce-only"]["per_step_us"]["median"]
+        parts = [f"rank {rk}: {e[f'breakdown_rank{rk}']['in_allreduce_us']['median']:.0f} | "
+                 f"{e[f'breakdown_rank{rk}']['outside_allreduce_us']['median']:.0f}"
+                 for rk in (0, 1)]
+        print(f"  batch {b['batch']}: " + ";  ".join(parts) + f"   (allreduce-only: {ar:.0f})")
     print("\nvariants:")
     for tp, name in VARIANTS:
         print(f"  TP={tp} {name:15s} {batches[0]['variants'][f'tp{tp}/{name}']['describe']}")

@@ -24,13 +24,18 @@ def test_quick_run_saves_every_row(tmp_path):
     assert payload["config"]["tp"] == [1, 2] and payload["config"]["torch_threads_per_rank"] == 1
     (batch,) = payload["results"]
     variants = batch["variants"]
-    assert set(variants) == {"tp1/eager", "tp1/torchair", "tp2/eager", "tp2/torchair",
+    assert set(variants) == {"tp1/eager", "tp1/torchair", "tp1/eager-2threads",
+                             "tp2/eager", "tp2/torchair",
                              "tp2/allreduce-only", "tp2/eager-noreduce"}
-    for key in ("tp1/torchair", "tp2/eager", "tp2/torchair"):
+    for key in ("tp1/torchair", "tp1/eager-2threads",
+                             "tp2/eager", "tp2/torchair"):
         assert variants[key]["check"] == "ok", (key, variants[key])
     for key, v in variants.items():
         assert v["per_step_us"]["n"] == 3 * 4 and v["per_step_us"]["median"] > 0, key
     (report,) = variants["tp2/torchair"]["torchair_reports"]
     assert report["path"] == 4 and report["build_static"], report
     assert report["collectives"] == "all_reduce x2 inside the launch unit (gloo, host)"
+    for rank in (0, 1):
+        split = variants["tp2/eager"][f"breakdown_rank{rank}"]
+        assert split["in_allreduce_us"]["n"] == 12 and split["in_allreduce_us"]["median"] > 0
     assert "speedup vs eager TP=1" in proc.stdout
