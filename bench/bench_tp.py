@@ -42,7 +42,6 @@ TP=1 variants run on rank 0 while rank 1 waits in the barrier. Nothing about spe
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -53,7 +52,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
