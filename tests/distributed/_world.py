@@ -142,8 +142,49 @@ def check_tiling_sink(rank: int, world: int) -> dict:
             "collectives": [r.collectives for r in reports]}
 
 
+def check_gears(rank: int, world: int, backend=None) -> dict:
+    """Issue 19 item 2: gears on the batch dim of a graph with an all_reduce, tiling sink on
+    (one length for every sequence, as gears need): one Dynamo trace, one static unit per gear,
+    each gear's output equal to eager on every rank. FX engine; Inductor when the world runs
+    with ``inductor`` (``backend`` given)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torchair.inference import set_dim_gears
+
+    torch._dynamo.reset()
+    model = TiledStep().eval()
+    g = torch.Generator().manual_seed(1 + rank)
+    caches = {b: (torch.randn(b, S, H, generator=g), torch.randn(b, S, H, generator=g))
+              for b in (2, 4)}
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = backend is None
+    config.experimental_config.tiling_schedule_optimize = True
+    counter = CompileCounterWithBackend(torchair.get_npu_backend(compiler_config=config))
+    step = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
+    before = len(torchair.graph_reports())
+    equal, sizes = [], []
+    with torch.no_grad():
+        for i, (b, n) in enumerate([(2, 5), (4, 9), (2, 16), (4, 3)]):
+            x = torch.randn(b, 1, H, generator=g)
+            kc, vc = caches[b]
+            if i < 2:
+                for t in (x, kc, vc):
+                    set_dim_gears(t, {0: [2, 4]})
+            lens = [n]  # one length for every sequence: the list keeps its length across gears
+            out, ref = step(x, lens, kc, vc), model(x, lens, kc, vc)
+            sizes.append(tuple(out.shape))
+            equal.append(bool(torch.allclose(out, ref, atol=1e-5, rtol=1e-5)))
+    reports = torchair.graph_reports()[before:]
+    return {"equal": equal, "sizes": sizes, "frames": counter.frame_count,
+            "paths": [r.path for r in reports], "build_static": [r.build_static for r in reports],
+            "gears": [[(gear["gear"], gear["built"]) for gear in r.gears] for r in reports],
+            "sunk": [r.sunk_inputs for r in reports],
+            "collectives": [r.collectives for r in reports],
+            "engine": [r.engine for r in reports]}
+
+
 CHECKS = {"functional": check_functional, "inplace": check_inplace,
-          "patch_for_hcom": check_patch_for_hcom, "tiling_sink": check_tiling_sink}
+          "patch_for_hcom": check_patch_for_hcom, "tiling_sink": check_tiling_sink,
+          "gears": check_gears}
 
 
 def worker(rank: int, world: int, port: int, out_dir: str, names: list, inductor: bool) -> None:

@@ -47,7 +47,7 @@ def _spawn(tmp_path, names, inductor=False) -> list[dict]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     return _spawn(tmp_path_factory.mktemp("world"),
-                  ["functional", "inplace", "patch_for_hcom", "tiling_sink"])
+                  ["functional", "inplace", "patch_for_hcom", "tiling_sink", "gears"])
 
 
 def test_functional_collectives_match_eager_on_every_rank(world):
@@ -83,6 +83,28 @@ def test_collective_with_sunk_lengths_is_one_static_unit(world):
         assert r["paths"] == [4] and r["build_static"] == [True], r
         assert r["sunk"] == [["L_lens_0_", "L_lens_1_"]], r
         assert r["collectives"] == [f"all_reduce x1 {HOST}"]
+
+
+def _assert_gears(r, engine):
+    assert r["equal"] == [True] * 4 and r["frames"] == 1, r  # one Dynamo trace
+    assert r["sizes"] == [[2, 1, 32], [4, 1, 32], [2, 1, 32], [4, 1, 32]], r
+    assert r["paths"] == [4] and r["build_static"] == [True] and r["engine"] == [engine], r
+    assert r["gears"] == [[["L_x_[0]=2, L_kc_[0]=2, L_vc_[0]=2", True],
+                           ["L_x_[0]=4, L_kc_[0]=4, L_vc_[0]=4", True]]], r  # two units built
+    assert r["sunk"] == [["L_lens_0_"]], r
+    assert r["collectives"] == ["all_reduce x1 inside each gear's launch unit (gloo, host)"], r
+
+
+def test_gears_with_a_collective_build_one_static_unit_per_gear(world):
+    """Issue 19 item 2: gears and tiling sink keep working with an all_reduce in the graph."""
+    for rank in world:
+        _assert_gears(rank["gears"], "fx")
+
+
+@pytest.mark.inductor
+def test_gears_with_a_collective_through_inductor(tmp_path):
+    for rank in _spawn(tmp_path, ["gears"], inductor=True):
+        _assert_gears(rank["gears"], "inductor")
 
 
 @pytest.mark.inductor
