@@ -109,9 +109,12 @@ def test_batched_int32_bias_3d():
     assert torch.equal(ref, expect)
 
 
+@pytest.mark.parametrize("gemm", ["float", "int_mm", None])
 @pytest.mark.parametrize("k", [1024, 1025, 7168, 65535])
-def test_int32_accumulation_exact_on_worst_case(k):
-    """All -128 (and -128 x 127 mixes) give |acc| up to K * 2**14: exact, no float rounding."""
+def test_int32_accumulation_exact_on_worst_case(monkeypatch, k, gemm):
+    """All -128 (and -128 x 127 mixes) give |acc| up to K * 2**14: exact, no float rounding, on
+    either int8 GEMM (float32 slices, torch._int_mm) and on the one measured faster (None)."""
+    monkeypatch.setattr(_quant_cpu, "GEMM", gemm)
     x1 = torch.full((3, k), -128, dtype=torch.int8)
     x1[1] = 127
     x1[2, ::2] = 127
@@ -128,13 +131,14 @@ def test_int32_accumulation_exact_on_worst_case(k):
         assert torch.equal(out, expect.float().to(torch.bfloat16))
 
 
-@pytest.mark.parametrize("ieee", [True, False])
+@pytest.mark.parametrize("path", ["float32", "float64", "int_mm"])
 @pytest.mark.parametrize("b1,b2", [((), ()), ((2,), ()), ((2,), (2,)), ((1, 3), (2, 1))])
-def test_int8_matmul_is_exact_in_both_gemm_paths(monkeypatch, ieee, b1, b2):
+def test_int8_matmul_is_exact_in_every_gemm_path(monkeypatch, path, b1, b2):
     """Random int8 operands over several 1024-column slices of K, batched and broadcast: the
-    float32 slice path and the float64 path (taken when float32 matmuls may be reduced
-    precision) both equal numpy's int64 product."""
-    monkeypatch.setattr(_quant_cpu, "_fp32_matmul_is_ieee", lambda: ieee)
+    float32 slice path, the float64 path (taken when float32 matmuls may be reduced precision)
+    and torch._int_mm (one weight only) all equal numpy's int64 product."""
+    monkeypatch.setattr(_quant_cpu, "_fp32_matmul_is_ieee", lambda: path != "float64")
+    monkeypatch.setattr(_quant_cpu, "GEMM", "int_mm" if path == "int_mm" else "float")
     g = torch.Generator().manual_seed(7)
     x1 = torch.randint(-128, 128, (*b1, 5, 2500), generator=g, dtype=torch.int8)
     x2 = torch.randint(-128, 128, (*b2, 2500, 3), generator=g, dtype=torch.int8)
@@ -142,6 +146,25 @@ def test_int8_matmul_is_exact_in_both_gemm_paths(monkeypatch, ieee, b1, b2):
     acc = _quant_cpu.int8_matmul_cpu(x1, x2)
     assert acc.dtype == torch.int32
     assert torch.equal(acc.long(), torch.from_numpy(expect).reshape(-1, 3))
+
+
+def test_decode_gemm_choice_is_measured_once_per_shape(monkeypatch, torchair_log):
+    """Up to 16 rows, the first product of a (rows, K, N) times both GEMMs once and keeps the
+    faster; more rows always take the float32 slices; the result is the same exact product."""
+    monkeypatch.setattr(_quant_cpu, "GEMM", None)
+    monkeypatch.setattr(_quant_cpu, "_gemm_choice", {})
+    calls = []
+    real = _quant_cpu._int_mm_is_faster
+    monkeypatch.setattr(_quant_cpu, "_int_mm_is_faster",
+                        lambda a, w: calls.append(tuple(a.shape)) or real(a, w))
+    g = torch.Generator().manual_seed(3)
+    w = torch.randint(-128, 128, (300, 40), generator=g, dtype=torch.int8)
+    for rows in (1, 1, 4, 16, 17, 64):
+        x = torch.randint(-128, 128, (rows, 300), generator=g, dtype=torch.int8)
+        expect = np.matmul(x.numpy().astype(np.int64), w.numpy().astype(np.int64))
+        assert torch.equal(_quant_cpu.int8_matmul_cpu(x, w).long(), torch.from_numpy(expect))
+    assert calls == [(1, 300), (4, 300), (16, 300)]
+    assert set(_quant_cpu._gemm_choice) == {(1, 300, 40), (4, 300, 40), (16, 300, 40)}
 
 
 def test_reduced_precision_fp32_matmul_is_detected(monkeypatch):

@@ -7,7 +7,8 @@ operations, in the same order, as the reference kernels, so results match them e
 last-ulp differences of vectorized ``exp`` (an int8 output may then differ by 1 at a rounding
 tie; the tests bound how often).
 
-* quant matmul: the exact int32 ``x1 @ x2`` (``|acc| <= K * 2**14 < 2**31`` for ``K <= 65535``)
+* quant matmul: the exact int32 ``x1 @ x2`` (``|acc| <= K * 2**14 < 2**31`` for ``K <= 65535``);
+  for at most 16 rows ``torch._int_mm`` where it measured faster (see ``_use_int_mm``), else
   computed with float32 GEMMs over slices of at most 1024 columns of K (each slice's partial sums
   are integers of magnitude <= 2**24, so exact in float32), converted and summed in int32. CPU
   ``torch._int_mm`` measured 40-110x slower than this on a 2-core EPYC (864x7168x4096: 56 s vs
@@ -28,12 +29,19 @@ tie; the tests bound how often).
 from __future__ import annotations
 
 import math
+import threading
+import time
 
 import torch
+
+from torchair.core.utils import logger
 
 from torchair.ops.quant.plans import QuantMatmulPlan, SwigluQuantPlan
 
 CHUNK_ROWS: int | None = None
+# The int8 GEMM of a decode-sized quant matmul: None picks per shape by measuring (below);
+# "int_mm" / "float" force one (tests)
+GEMM: str | None = None
 _EPILOGUE_BYTES = 256 * 2**10
 _SWIGLU_BYTES = 4 * 2**20
 _INV_127 = 1.0 / 127.0
@@ -76,11 +84,20 @@ def int8_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     if all(d == 1 for d in x2.shape[:-2]):  # one weight: fold the batch into the rows
         a = x1.expand(*batch, m, k).reshape(b * m, k)
         w = x2.reshape(k, n)
+        if _use_int_mm(a, w):
+            return torch._int_mm(a, w)
     else:
         a = x1.expand(*batch, m, k).reshape(b, m, k)
         w = x2.expand(*batch, k, n).reshape(b, k, n)
+    return _float_product(a, w).reshape(b * m, n)
+
+
+def _float_product(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The exact int32 product of int8 ``a [..., M, K]`` and ``w [..., K, N]``: float32 GEMMs over
+    slices of K summed in int32, or one float64 GEMM (module doc)."""
+    k = a.shape[-1]
     if not _fp32_matmul_is_ieee():
-        return torch.matmul(a.double(), w.double()).to(torch.int32).reshape(b * m, n)
+        return torch.matmul(a.double(), w.double()).to(torch.int32)
     af = a.float()
     acc = None
     for start in range(0, k, _EXACT_FP32_K):
@@ -90,7 +107,66 @@ def int8_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
             acc = part
         else:
             acc += part
-    return acc.reshape(b * m, n)
+    return acc
+
+
+# ``torch._int_mm`` (PyTorch's int8 GEMM, int32 accumulation, exact while no sum can overflow:
+# K * 2**14 < 2**31) against the float32 slices above: which is faster depends on the CPU and its
+# oneDNN kernels (on a 2-core Xeon VM it was 4-5x faster at 1-8 rows; an earlier 2-core EPYC
+# measured it 40-110x slower on a prefill shape). So for decode-sized products (at most
+# ``_INT_MM_MAX_ROWS`` rows) the first call of each (rows, K, N) times both once (best of 3,
+# a few ms) and keeps the faster; larger products always take the float32 slices. Both paths
+# give the same exact int32 result.
+_INT_MM_MAX_K = (2**31 - 1) // 2**14
+_INT_MM_MAX_ROWS = 16
+_gemm_choice: dict[tuple[int, int, int], bool] = {}  # (rows, K, N) -> use torch._int_mm
+_gemm_lock = threading.Lock()
+
+
+def _use_int_mm(a: torch.Tensor, w: torch.Tensor) -> bool:
+    rows, k = a.shape
+    n = w.shape[1]
+    if k > _INT_MM_MAX_K or not hasattr(torch, "_int_mm"):
+        return False
+    if GEMM is not None:
+        return GEMM == "int_mm"
+    if rows > _INT_MM_MAX_ROWS:
+        return False
+    key = (rows, k, n)
+    choice = _gemm_choice.get(key)
+    if choice is None:
+        with _gemm_lock:
+            choice = _gemm_choice.get(key)
+            if choice is None:
+                choice = _gemm_choice[key] = _int_mm_is_faster(a, w)
+    return choice
+
+
+def _best_of(fn, runs: int = 3) -> float:
+    best = math.inf
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _int_mm_is_faster(a: torch.Tensor, w: torch.Tensor) -> bool:
+    """Time torch._int_mm and the float32 slices once on these operands (module comment)."""
+    try:
+        if not torch.equal(torch._int_mm(a, w), _float_product(a, w)):  # also a warm-up
+            logger.warning("torch._int_mm disagrees with the exact float32 int8 product for "
+                           "shape %s x %s; not using it", list(a.shape), list(w.shape))
+            return False
+    except (RuntimeError, NotImplementedError) as exc:
+        logger.debug("torch._int_mm is not available for %s x %s (%s)", list(a.shape),
+                     list(w.shape), exc)
+        return False
+    t_int = _best_of(lambda: torch._int_mm(a, w))
+    t_float = _best_of(lambda: _float_product(a, w))
+    logger.debug("int8 GEMM %s x %s: torch._int_mm %.1f us, float32 slices %.1f us", list(a.shape),
+                 list(w.shape), t_int * 1e6, t_float * 1e6)
+    return t_int < t_float
 
 
 def quant_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor, plan: QuantMatmulPlan) -> torch.Tensor:
