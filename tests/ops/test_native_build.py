@@ -51,9 +51,8 @@ _CHILD = textwrap.dedent(
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
-    utils = types.ModuleType("torchair.core.utils")
-    utils.logger = logger
-    sys.modules["torchair.core.utils"] = utils
+    # torchair.core.utils imports only the standard library; it keeps the handler set above
+    load_file("torchair.core.utils", pathlib.Path(sys.argv[1]).parents[1] / "core" / "utils.py")
     load_file("torchair.inference._cache_store", sys.argv[1])
     native = load_file("torchair.ops.toolchain.native", sys.argv[2])
     native._SRC_DIR = pathlib.Path(sys.argv[3])

@@ -21,7 +21,13 @@ if not logger.handlers:
     logger.propagate = False
     logger.setLevel(os.environ.get("TORCHAIR_LOG_LEVEL", "WARNING").upper())
 
-__all__ = ["logger", "progress"]
+__all__ = ["env_switch", "logger", "progress"]
+
+
+def env_switch(name: str) -> bool:
+    """An on/off environment switch that is on unless set to ``0`` / ``false`` / ``off`` / ``no``
+    (any case, surrounding spaces ignored)."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 @contextlib.contextmanager

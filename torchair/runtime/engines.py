@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from torchair.core.utils import logger, progress
+from torchair.core.utils import env_switch, logger, progress
 
 Engine = Callable[[list], Sequence[Any]]
 
@@ -113,7 +113,7 @@ def _static_fakes(example_inputs: Sequence[Any]) -> list:
 def cpp_wrapper_enabled() -> bool:
     """Whether CPU static units compile with Inductor's C++ wrapper (``$TORCHAIR_CPP_WRAPPER``,
     default on; ``0`` turns it off)."""
-    return os.environ.get(ENV_CPP_WRAPPER, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_switch(ENV_CPP_WRAPPER)
 
 
 def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, static: bool,
@@ -121,22 +121,21 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, stati
     """(compiled callable, whether it has Inductor's C++ wrapper)."""
     from torch._inductor.compile_fx import compile_fx
 
-    if not cpp_wrapper:
-        return compile_fx(_for_inductor(gm, static, what), _static_fakes(example_inputs)), False
-    import torch._inductor.config as inductor_config
+    if cpp_wrapper:
+        import torch._inductor.config as inductor_config
 
-    try:
-        with inductor_config.patch(cpp_wrapper=True):
-            return compile_fx(_for_inductor(gm, static, what),
-                              _static_fakes(example_inputs)), True
-    except Exception as exc:  # noqa: BLE001 - the Python wrapper is the fallback
-        restart = getattr(torch._dynamo.exc, "RestartAnalysis", ())
-        if isinstance(exc, restart):
-            raise
-        logger.warning("%s: Inductor's C++ wrapper could not be built (%s: %s); using its Python "
-                       "wrapper (about 0.1 ms more per call; %s=0 skips the attempt)", what,
-                       type(exc).__name__, exc, ENV_CPP_WRAPPER)
-        return compile_fx(_for_inductor(gm, static, what), _static_fakes(example_inputs)), False
+        try:
+            with inductor_config.patch(cpp_wrapper=True):
+                return compile_fx(_for_inductor(gm, static, what),
+                                  _static_fakes(example_inputs)), True
+        except Exception as exc:  # noqa: BLE001 - the Python wrapper is the fallback
+            restart = getattr(torch._dynamo.exc, "RestartAnalysis", ())
+            if isinstance(exc, restart):
+                raise
+            logger.warning("%s: Inductor's C++ wrapper could not be built (%s: %s); using its "
+                           "Python wrapper (about 0.1 ms more per call; %s=0 skips the attempt)",
+                           what, type(exc).__name__, exc, ENV_CPP_WRAPPER)
+    return compile_fx(_for_inductor(gm, static, what), _static_fakes(example_inputs)), False
 
 
 def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, *,

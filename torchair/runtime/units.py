@@ -139,9 +139,9 @@ class StaticUnit:
                 logger.warning("%s: the cached library could not be run (%s); compiling the "
                                "graph in this process instead", what, exc)
                 self.engine_name = "inductor"
-        if self.engine_name not in ("inductor", _engines.CPP_ENGINE, _engines.AOT_ENGINE):
-            return fx_engine(self._launch_graph(unit_args))
         gm = self._launch_graph(unit_args)
+        if self.engine_name not in ("inductor", _engines.CPP_ENGINE, _engines.AOT_ENGINE):
+            return fx_engine(gm)
         # AOT's runtime may have a dispatch mode active on this call; compile outside it
         directory = _engines.aot_directory()
         with _disable_current_modes():

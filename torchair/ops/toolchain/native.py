@@ -55,7 +55,7 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from torchair.core.utils import logger
+from torchair.core.utils import env_switch, logger
 
 try:
     import fcntl
@@ -88,7 +88,7 @@ class _Damaged(Exception):
 
 def enabled() -> bool:
     """False when ``TORCHAIR_NATIVE_KERNELS`` is ``0`` / ``false`` / ``off``."""
-    return os.environ.get(ENV_DISABLE, "1").strip().lower() not in ("0", "false", "off", "no")
+    return env_switch(ENV_DISABLE)
 
 
 def cache_dir() -> pathlib.Path:

@@ -324,55 +324,64 @@ void add_tensor(std::vector<int64_t> &sig, const at::Tensor &t) {
 
 constexpr int kArgs = 22;  // the schema's arguments
 
-// The result of a call the kernel takes, or nullopt (the general op runs).
-std::optional<at::Tensor> eager_fast(c10::ArrayRef<c10::IValue> a, bool twin) {
-  if (!g_eager_on.load(std::memory_order_relaxed) || g_decode == nullptr || native_disabled())
-    return std::nullopt;
+int64_t layout_code(const std::string &name) {  // -1: not a layout the kernel takes
+  return name == "BSH" ? 0 : name == "BNSD" ? 1 : name == "BSND" ? 2 : -1;
+}
+
+// The validation signature of a call: the shapes, strides, dtypes, devices and options the
+// general op checks once (with *layout and *count, the number of lengths or -1 for none).
+// False for a call the eager entry never takes (a mask, pse_shift, quantization, padding,
+// another layout, lengths of another form).
+bool signature_of(const c10::IValue *a, bool twin, std::vector<int64_t> *sig, int64_t *layout,
+                  int64_t *count) {
   static const int none_args[] = {3, 4, 5, 7, 8, 10, 11, 12, 13, 14, 15};
   for (int i : none_args)
-    if (!a[i].isNone()) return std::nullopt;
+    if (!a[i].isNone()) return false;
   if (!a[0].isTensor() || !a[1].isTensor() || !a[2].isTensor() || !a[16].isInt() ||
       !a[17].isDouble() || !a[18].isString() || !a[19].isInt() || !a[20].isInt() ||
-      !a[21].isInt())
+      !a[21].isInt() || !(a[9].isNone() || a[9].isTensor()))
+    return false;
+  *layout = layout_code(a[18].toStringRef());
+  if (*layout < 0) return false;
+  *count = -1;
+  if (!a[6].isNone()) {
+    if (twin) {
+      if (!a[6].isTensor() || a[6].toTensor().dim() != 1) return false;
+      *count = a[6].toTensor().size(0);
+    } else {
+      if (!a[6].isIntList()) return false;  // symbolic: not an eager call
+      *count = int64_t(a[6].toIntList().size());
+    }
+  }
+  *sig = {twin ? 1 : 0, a[16].toInt(), a[19].toInt(), *layout, a[20].toInt(), a[21].toInt(),
+          *count};
+  for (int i : {0, 1, 2}) add_tensor(*sig, a[i].toTensor());
+  if (a[9].isTensor()) add_tensor(*sig, a[9].toTensor());
+  return true;
+}
+
+// The result of a call the kernel takes, or nullopt (the general op runs).
+std::optional<at::Tensor> eager_fast(c10::ArrayRef<c10::IValue> args, bool twin) {
+  if (!g_eager_on.load(std::memory_order_relaxed) || g_decode == nullptr || native_disabled())
     return std::nullopt;
+  const c10::IValue *a = args.data();
+  std::vector<int64_t> sig;
+  int64_t layout, count;
+  if (!signature_of(a, twin, &sig, &layout, &count)) return std::nullopt;
   const int64_t inner = a[21].toInt();
   if (inner != 0 && inner != 1) return std::nullopt;
   const at::Tensor &q = a[0].toTensor(), &k = a[1].toTensor(), &v = a[2].toTensor();
   std::optional<at::Tensor> table;
-  if (!a[9].isNone()) {
-    if (!a[9].isTensor()) return std::nullopt;
-    table = a[9].toTensor();
-  }
-  const std::string &layout_s = a[18].toStringRef();
-  const int64_t layout = layout_s == "BSH" ? 0 : layout_s == "BNSD" ? 1 : layout_s == "BSND" ? 2 : -1;
+  if (a[9].isTensor()) table = a[9].toTensor();
   const int64_t heads = a[16].toInt(), nkv = a[19].toInt(), bs = a[20].toInt();
   Canon c;
-  if (layout < 0 || !canonical(q, k, v, table, heads, nkv, layout, bs, &c)) return std::nullopt;
+  if (!canonical(q, k, v, table, heads, nkv, layout, bs, &c)) return std::nullopt;
   const int64_t B = c.batch;
-  // lengths: the values a call may bring
-  std::vector<int64_t> lens;
-  std::optional<at::Tensor> lt;
-  int64_t count = -1;  // -1: no lengths
-  if (twin) {
-    if (!a[6].isNone()) {
-      if (!a[6].isTensor()) return std::nullopt;
-      lt = a[6].toTensor();
-      if (!lt->device().is_cpu() || lt->scalar_type() != at::kLong || lt->dim() != 1)
-        return std::nullopt;
-      count = lt->size(0);
-    }
-  } else if (!a[6].isNone()) {
-    if (!a[6].isIntList()) return std::nullopt;  // symbolic: not an eager call
-    lens = a[6].toIntVector();
-    count = int64_t(lens.size());
-  }
   if (count != -1 && count != B && count != 1) return std::nullopt;
-  // the signature: shapes, strides, dtypes, devices and options the general op validated
-  std::vector<int64_t> sig{twin ? 1 : 0, heads, nkv, layout, bs, inner, count};
-  add_tensor(sig, q);
-  add_tensor(sig, k);
-  add_tensor(sig, v);
-  if (table) add_tensor(sig, *table);
+  if (twin && count != -1) {
+    const at::Tensor &lt = a[6].toTensor();
+    if (!lt.device().is_cpu() || lt.scalar_type() != at::kLong) return std::nullopt;
+  }
   thread_local std::vector<int64_t> t_last;  // the last signature this thread found
   thread_local uint64_t t_last_epoch = ~uint64_t(0);
   if (sig != t_last || t_last_epoch != g_sig_epoch.load(std::memory_order_relaxed)) {
@@ -383,10 +392,13 @@ std::optional<at::Tensor> eager_fast(c10::ArrayRef<c10::IValue> a, bool twin) {
   }
   std::vector<int64_t> ends(B, c.kv_len);
   if (count != -1) {
-    if (lt) {
-      const int64_t *p = lt->const_data_ptr<int64_t>();
-      lens.resize(count);
-      for (int64_t i = 0; i < count; i++) lens[i] = p[i * lt->stride(0)];
+    std::vector<int64_t> lens(count);
+    if (twin) {
+      const at::Tensor &lt = a[6].toTensor();
+      const int64_t *p = lt.const_data_ptr<int64_t>();
+      for (int64_t i = 0; i < count; i++) lens[i] = p[i * lt.stride(0)];
+    } else {
+      lens = a[6].toIntVector();
     }
     int64_t need_max = 0, need_sum = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -417,29 +429,8 @@ void ifa_entry(const c10::OperatorHandle &, c10::DispatchKeySet, torch::jit::Sta
   static const c10::OperatorHandle general_op = c10::Dispatcher::singleton().findSchemaOrThrow(
       Twin ? "torchair_native::ifa_general_tensor" : "torchair_native::ifa_general", "");
   std::vector<int64_t> sig;  // recorded once the general op took the call
-  {
-    const c10::IValue *a = args.data();
-    int64_t count = -1;
-    if (!a[6].isNone())
-      count = a[6].isTensor() ? a[6].toTensor().dim() == 1 ? a[6].toTensor().size(0) : -2
-                              : a[6].isIntList() ? int64_t(a[6].toIntVector().size()) : -2;
-    bool plain = a[0].isTensor() && a[1].isTensor() && a[2].isTensor() && a[16].isInt() &&
-                 a[18].isString() && a[19].isInt() && a[20].isInt() && a[21].isInt() &&
-                 (a[9].isNone() || a[9].isTensor()) && count != -2;
-    static const int none_args[] = {3, 4, 5, 7, 8, 10, 11, 12, 13, 14, 15};
-    for (int i : none_args) plain = plain && a[i].isNone();
-    const std::string layout_s = plain ? a[18].toStringRef() : std::string();
-    const int64_t layout =
-        layout_s == "BSH" ? 0 : layout_s == "BNSD" ? 1 : layout_s == "BSND" ? 2 : -1;
-    if (plain && layout >= 0) {
-      sig = {Twin ? 1 : 0, a[16].toInt(), a[19].toInt(), layout, a[20].toInt(), a[21].toInt(),
-             count};
-      add_tensor(sig, a[0].toTensor());
-      add_tensor(sig, a[1].toTensor());
-      add_tensor(sig, a[2].toTensor());
-      if (a[9].isTensor()) add_tensor(sig, a[9].toTensor());
-    }
-  }
+  int64_t layout, count;
+  if (!signature_of(args.data(), Twin, &sig, &layout, &count)) sig.clear();
   general_op.callBoxed(stack);  // raises the general op's errors: then nothing is recorded
   if (!sig.empty()) {
     std::lock_guard<std::mutex> lock(g_sig_mutex);
