@@ -521,3 +521,70 @@ def test_warm_decode_step_with_kv_writes_and_sunk_lengths(tmp_path, no_dynamo, g
     assert report.launch.endswith("(from cache_compile)") and report.build_static
     assert report.sunk_inputs
     assert report.engine == ("inductor-aot" if ge_cache else "fx")
+
+
+def test_cold_process_later_calls_skip_dynamo_and_follow_a_changed_eps(tmp_path, no_dynamo, log):
+    """After the cold call, the cold process serves calls from the entry (no Dynamo), and a float
+    attribute the graph takes as a 0-d tensor (the reused tensor of the last value) follows
+    every change of value and a write into the reused tensor."""
+    src = _load(tmp_path)
+    model = src.Model(tmp_path / "c", config=_config())
+    x = torch.randn(2, 1, 8)
+    _run(model, x, [5, 7])
+    no_dynamo()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for eps in (1e-6, 1e-6, 0.5, 0.25, 0.5, 1e-6):
+        model.eps = eps
+        got = _run(model, x, [4, 6])
+        with torch.no_grad():
+            want = model.decode(x, [4, 6])
+        assert _equal(got, want), eps
+    number = next(iter(model.cached_decode.runtime.wrap.values()))
+    number.tensor.fill_(123.0)  # someone wrote into the reused tensor: it is made again
+    got = _run(model, x, [4, 6])
+    with torch.no_grad():
+        assert _equal(got, model.decode(x, [4, 6]))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
+    assert not _messages(log), _messages(log)
+
+
+def test_reused_number_tensor_is_made_again_when_the_number_changes():
+    """The 0-d tensor of an unspecialized float is reused only for the same number: not for
+    -0.0 after 0.0, not for NaN, not for an int after an equal float, not after a write into
+    it, and never when the graph returns that input to the caller."""
+    from torchair.inference._cache_runtime import _NumberInput
+
+    number = _NumberInput("float64", reuse=True)
+    first = number(0.5)
+    assert number(0.5) is first and first.item() == 0.5
+    zero = number(0.0)
+    negative = number(-0.0)
+    assert negative is not zero and str(negative.item()) == "-0.0"
+    assert number(float("nan")) is not number(float("nan"))
+    assert number(2) is not number(2.0)
+    kept = number(3.0)
+    kept.fill_(7.0)
+    again = number(3.0)
+    assert again is not kept and again.item() == 3.0
+    tensor = torch.tensor(1.0)
+    assert number(tensor) is tensor
+    handed_back = _NumberInput("float64", reuse=False)
+    assert handed_back(1.5) is not handed_back(1.5)
+
+
+def test_unguarded_parameters_are_checked_per_call(tmp_path, log):
+    """Dynamo puts no tensor guard on the parameters of inlined modules; the entry checks their
+    dtype, size and device on every call, in the cold process too."""
+    src = _load(tmp_path)
+    model = src.Model(tmp_path / "c", config=_config())
+    x = torch.randn(2, 1, 8)
+    _run(model, x, [5, 7])
+    runtime = model.cached_decode.runtime
+    assert runtime is not None and runtime.checks.fast, "the parameters are not checked"
+    model.l.weight = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+    model.l.bias = torch.nn.Parameter(torch.randn(8, dtype=torch.float64))
+    got = _run(model, x.double(), [5, 7])
+    with torch.no_grad():
+        want = model.decode(x.double(), [5, 7])
+    assert got[0].dtype == torch.float64 and _equal(got, want)
+    assert any("does not fit the cached graph" in m for m in _messages(log))

@@ -65,7 +65,7 @@ class Passthrough(torch.overrides.TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def main(cache_dir, change, functions):
+def main(cache_dir, change, functions, same_process=""):
     config = torchair.CompilerConfig()
     config.debug.run_eagerly = True
     if change == "config":
@@ -77,6 +77,14 @@ def main(cache_dir, change, functions):
     gx = [torch.randn(2, 8), torch.randn(4, 8)]
     gears = {0: [2, 4]}
     mode = contextlib.nullcontext()
+    if same_process:  # the cold call first, in this process; the change applies to the next
+        with torch.no_grad():
+            if functions in ("main", "all"):
+                m.cached(x, k, opts)
+            for t in gx if functions in ("gears", "all") else ():
+                t = t.clone()  # the tensors of the later call get their own gear marks
+                set_dim_gears(t, gears)
+                m.cached_gears(t)
     if change == "int_attr":
         m.n = 5
     elif change == "float_attr":
@@ -156,7 +164,7 @@ def main(cache_dir, change, functions):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    main(*sys.argv[1:])
 '''
 
 # change -> (functions it calls, what the warm process must do besides returning eager's result):
@@ -222,13 +230,15 @@ def _write(tmp_path):
     (tmp_path / "prop_model.py").write_text(textwrap.dedent(MODEL))
 
 
-def _run(tmp_path, change, functions=None):
+def _run(tmp_path, change, functions=None, same_process=False):
     functions = functions or CHANGES[change][0]
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TORCHAIR_LOG_LEVEL="INFO", PYTHONPATH=path)
-    done = subprocess.run([sys.executable, str(tmp_path / "prop_model.py"), str(tmp_path / "c"),
-                           change, functions], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=tmp_path)
+    cache = tmp_path / (f"same-{change}" if same_process else "c")
+    extra = ["same"] if same_process else []
+    done = subprocess.run([sys.executable, str(tmp_path / "prop_model.py"), str(cache),
+                           change, functions, *extra], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, f"{change}: {done.stdout}\n{done.stderr}"
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["log"] = done.stderr
@@ -303,3 +313,46 @@ def test_gear_entry_serves_every_gear_in_a_new_process(tmp_path):
     _, result = _run(tmp_path, "none", "gears")
     assert result["equal"] == [True, True] and result["dynamo_frames"] == 0, result
     assert "loaded " in result["log"] and not _warnings(result["log"]), result["log"]
+
+
+# In the cold process, calls after the first run from the entry as a warm process's do (guards,
+# then the launch unit the first call built); a change must still never be served stale. The
+# changes that alter the cache key (config, sources, the parameters' dtype) are decided when the
+# process starts: within one process they are guard failures like any other. Other gears on a
+# new tensor are not a Dynamo guard: Dynamo serves its traced graph, whose gear unit refuses the
+# size with the gears' ValueError, as torch.compile does (tests/inference/test_gears.py).
+SAME_PROCESS = {change: ("fallback" if expected == "rebuild" else expected)
+                for change, (_, expected) in CHANGES.items()
+                if change not in ("config", "source_helper", "source_model", "gears_other")}
+SAME_PROCESS["gears_none"] = "either"  # falls back to Dynamo, which serves its traced graph
+
+
+def _check_same_process(change, result):
+    log = result["log"]
+    assert result["equal"] and all(result["equal"]), f"{change}: result differs from eager"
+    functions = CHANGES[change][0]
+    first = 1  # the cold call's Dynamo frame
+    fell_back = [w for w in _warnings(log) if "does not fit the cached graph" in w]
+    assert log.count("saved ") == 1, f"{change}: {log}"
+    expected = SAME_PROCESS[change]
+    if expected == "serve":
+        assert not _warnings(log), f"{change}: {_warnings(log)}"
+        assert result["dynamo_frames"] == first, f"{change}: Dynamo traced again: {result}"
+    elif expected == "fallback":
+        assert fell_back, f"{change}: served without a fallback warning:\n{log}"
+        assert result["dynamo_frames"] > first, f"{change}: {result}"
+    else:
+        assert result["dynamo_frames"] == first or fell_back, f"{change}: silent retrace\n{log}"
+
+
+def test_cold_process_serves_later_calls_from_the_entry_and_never_stale(tmp_path):
+    _write(tmp_path)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(pool.map(lambda c: _run(tmp_path, c, same_process=True), SAME_PROCESS))
+    failed = []
+    for change in SAME_PROCESS:
+        try:
+            _check_same_process(change, results[change])
+        except AssertionError as error:
+            failed.append(str(error))
+    assert not failed, "\n\n".join(failed)

@@ -241,8 +241,11 @@ def _host_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Compil
         engine, report.engine = inductor_engine(gm, example_inputs, f"graph {report.graph_id}")
     else:
         engine, report.engine = fx_engine(gm), "fx"
-    recorder.record("host", gm, report)
-    return units.HostUnit(engine)
+    rec = recorder.record("host", gm, report)
+    unit = units.HostUnit(engine)
+    if rec is not None:
+        rec.launch_unit = unit
+    return unit
 
 
 def _segmented_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo],

@@ -10,6 +10,7 @@ the return value. Imports neither Dynamo nor Inductor.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable
 
 import torch
@@ -26,8 +27,9 @@ from torchair.runtime.engines import fx_engine
 
 
 class _InputCheck:
-    """What the launch unit itself requires of a graph input (static units take fixed shapes);
-    the guards already imply it, this is the unit's own last line of defence."""
+    """What the launch unit itself requires of a graph input (static units take fixed shapes).
+    A recorded TENSOR_MATCH guard already implies it; the inputs Dynamo does not guard (the
+    parameters of inlined modules) are checked here, the unit's own last line of defence."""
 
     def __init__(self, info: Any) -> None:
         self.kind, self.name, self.shape, self.dtype = info.kind, info.name, info.shape, info.dtype
@@ -46,11 +48,79 @@ class _InputCheck:
         return (f"graph input `{self.name}` is {got}, the launch unit takes {self.dtype}"
                 f"{list(self.shape)} on {self.device_type}")
 
+    def fast(self) -> tuple | None:
+        """(dtype, size, "is_cpu" / "is_cuda") for a check without Python calls per input, or
+        None when the shape has a dynamic dim or the device has no such flag."""
+        flag = {"cpu": "is_cpu", "cuda": "is_cuda"}.get(self.device_type)
+        if self.kind == "symint" or -1 in self.shape or flag is None or self.torch_dtype is None:
+            return None
+        return self.torch_dtype, torch.Size(self.shape), flag
 
-def _number_as_tensor(dtype: str) -> Callable[[Any], Any]:
-    """A Python number Dynamo passed to the graph as a 0-d tensor: do the same."""
-    torch_dtype = getattr(torch, dtype)
-    return lambda v: v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch_dtype)
+
+class _InputChecks:
+    """The per-call input checks of :class:`_InputCheck`, for the inputs no tensor guard covers.
+    The common case (every input as the cold call had it) costs an identity, a size and a flag
+    test per input; any failure goes through :meth:`_InputCheck.mismatch` for the message."""
+
+    def __init__(self, checks: list, covered: set) -> None:
+        self.fast: list[tuple] = []
+        self.slow: list[tuple[int, _InputCheck]] = []
+        for k, check in enumerate(checks):
+            if k in covered or check.kind == "symint":
+                continue
+            spec = check.fast()
+            if spec is None:
+                self.slow.append((k, check))
+            else:
+                self.fast.append((k, check, *spec))
+
+    def mismatch(self, flat: list) -> str:
+        try:
+            for k, check, dtype, size, flag in self.fast:
+                value = flat[k]
+                if value.dtype is not dtype or value.shape != size or not getattr(value, flag):
+                    return check.mismatch(value) or f"graph input `{check.name}` changed"
+        except AttributeError:  # not a tensor
+            return check.mismatch(value)
+        for k, check in self.slow:
+            why = check.mismatch(flat[k])
+            if why:
+                return why
+        return ""
+
+
+class _NumberInput:
+    """A Python number Dynamo passes to the graph as a 0-d tensor (an unspecialized float such
+    as a norm's ``eps``): the tensor is made again only when the number changes (same type,
+    equal, same sign for zeros) or someone wrote into the last one."""
+
+    __slots__ = ("dtype", "reuse", "value", "tensor", "version")
+
+    def __init__(self, dtype: str, reuse: bool) -> None:
+        self.dtype = getattr(torch, dtype)
+        self.reuse = reuse  # False when the return value hands this input back to the caller
+        self.value: Any = None
+        self.tensor: torch.Tensor | None = None
+        self.version = -1
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value
+        last = self.tensor
+        if (last is not None and type(value) is type(self.value) and value == self.value
+                and last._version == self.version
+                and (not isinstance(value, float) or
+                     math.copysign(1.0, value) == math.copysign(1.0, self.value))):
+            return last
+        tensor = torch.tensor(value, dtype=self.dtype)
+        if self.reuse:
+            self.value, self.tensor, self.version = value, tensor, tensor._version
+        return tensor
+
+
+def _returned_inputs(aot: dict) -> set:
+    """Graph inputs the unit's outputs hand back (themselves or views of them)."""
+    return {base for kind, base in aot["outputs"] if kind in ("input", "alias_input")}
 
 
 class Runtime:
@@ -64,9 +134,11 @@ class Runtime:
         self.guards = GuardSet(meta["guards"], meta["sources"] + [w[0] for w in
                                                                   meta.get("writes", [])])
         self.n_inputs = len(meta["sources"])
-        self.wrap = {k: _number_as_tensor(info["dtype"]) for k, (wrap, info) in
+        returned = _returned_inputs(meta["aot"])
+        self.wrap = {k: _NumberInput(info["dtype"], k not in returned) for k, (wrap, info) in
                      enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap}
-        self.checks = [_InputCheck(info) for info in inputs]
+        self.checks = _InputChecks([_InputCheck(info) for info in inputs],
+                                   self.guards.tensor_inputs(self.n_inputs))
         self.gears = _gear_marks(meta["unit"], inputs)
         self.aot = meta["aot"]
         self.output = meta["output"]
@@ -106,10 +178,9 @@ class Runtime:
             return why, []
         for k, wrap in self.wrap.items():
             flat[k] = wrap(flat[k])
-        for value, check in zip(flat, self.checks):
-            why = check.mismatch(value)
-            if why:
-                return why, []
+        why = self.checks.mismatch(flat)
+        if why:
+            return why, []
         for k, (name, expected) in self.gears.items():
             found = get_dim_gears(flat[k])
             if found != expected:

@@ -608,6 +608,13 @@ class GuardSet:
                                             obj=rec.get("obj"))
                     self.guards.append(_Guard(kind, code, rec.get("source", ""), fn))
         self.inputs = [source_slot(s, self.sources) for s in input_sources]
+        self._tensor_slots = {source_slot(g.source, self.sources) for g in self.guards
+                              if g.kind == "TENSOR_MATCH" and g.source}
+
+    def tensor_inputs(self, count: int) -> set[int]:
+        """Which of the first ``count`` input sources a TENSOR_MATCH guard checks (dtype,
+        device, static sizes and strides)."""
+        return {k for k, slot in enumerate(self.inputs[:count]) if slot in self._tensor_slots}
 
     def __len__(self) -> int:
         return len(self.guards)

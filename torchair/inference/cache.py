@@ -38,8 +38,8 @@ from torchair.core import recorder
 from torchair.core.utils import logger
 from torchair.inference import _cache_key as keys
 from torchair.inference import _cache_store as store
-from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_to_json,
-                                          output_spec, program_to_graph)
+from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_from_json,
+                                          info_to_json, output_spec, program_to_graph)
 from torchair.inference._cache_runtime import Runtime
 from torchair.inference._graph_io import UnserializableGraph, graph_code, graph_to_json
 from torchair.inference._guard_eval import GuardSet, UnsupportedGuard
@@ -340,6 +340,7 @@ class CachedFunction:
                                    f"({why})")
             files = self._payload(state, parts, guards, result)
             files.update(_library_files(state.records[0]))
+            self._serve_from(files["meta.json"], state.records[0])
             published = store.write_entry(self.entry, files)
             logger.info("cache_compile(%s): %s %s (%d guards)", self.name,
                         "saved" if published else "another process saved", self.entry,
@@ -348,11 +349,21 @@ class CachedFunction:
             self._not_cached(str(error))
         except store.UnsafeCacheError:
             raise
-        except OSError as error:  # a full or read-only disk: this process keeps its compile
+        except OSError as error:  # a full or read-only disk: the entry is not saved
             self._not_cached(f"writing {self.entry} failed ({error})")
         finally:
             for rec in state.records:
                 rec.outputs = []  # release the first call's outputs (kept only to map them)
+
+    def _serve_from(self, meta_json: bytes, rec: recorder.GraphRecord) -> None:
+        """Later calls in this process run as a warm process's do: the entry's guards, then
+        the launch unit the cold call built (no second build), without Dynamo. A call that fails
+        a guard still goes to Dynamo (which then recompiles and drops the entry)."""
+        if rec.launch_unit is None:
+            return
+        meta = json.loads(meta_json)
+        inputs = [info_from_json(i) for i in meta["inputs"]]
+        self.runtime = Runtime(meta, rec.launch_unit, inputs)
 
     def _payload(self, state: _ColdState, parts: dict, guards: list, result: Any) -> dict:
         records = state.records
