@@ -588,3 +588,40 @@ def test_unguarded_parameters_are_checked_per_call(tmp_path, log):
         want = model.decode(x.double(), [5, 7])
     assert got[0].dtype == torch.float64 and _equal(got, want)
     assert any("does not fit the cached graph" in m for m in _messages(log))
+
+
+@pytest.mark.parametrize("guards", ["arguments", "all"])
+def test_replaced_parameters_and_submodules_are_used_after_served_calls(tmp_path, monkeypatch,
+                                                                        guards):
+    """Per-call checks read parameters from their module's dict (a direct write into it is
+    seen) and re-check everything after a parameter or submodule assignment."""
+    monkeypatch.setenv("TORCHAIR_CACHE_GUARDS", guards)
+    src = _load(tmp_path)
+    model = src.Model(tmp_path / "c", config=_config())
+    x = torch.randn(2, 1, 8)
+
+    def served():
+        got = _run(model, x, [5, 7])
+        with torch.no_grad():
+            assert _equal(got, model.decode(x, [5, 7]))
+
+    for _ in range(3):
+        served()
+    model.l.weight = torch.nn.Parameter(torch.randn(8, 8))  # assignment: registration hook
+    served()
+    model.l._parameters["bias"] = torch.nn.Parameter(torch.randn(8))  # what Module._apply does
+    served()
+    model.l = torch.nn.Linear(8, 8)  # a new submodule: its parameters, not the old ones
+    served()
+    with torch.no_grad():
+        model.l.weight.mul_(2)  # in place: the same tensor
+    served()
+    assert model.cached_decode.runtime is not None
+
+
+def test_guard_mode_is_validated(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHAIR_CACHE_GUARDS", "some")
+    src = _load(tmp_path)
+    with pytest.raises(ValueError, match="TORCHAIR_CACHE_GUARDS='some' is not valid; use one of "
+                                         r"\['all', 'arguments'\]"):
+        src.Model(tmp_path / "c", config=_config())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -140,6 +140,7 @@ class Runtime:
         self.checks = _InputChecks([_InputCheck(info) for info in inputs],
                                    self.guards.tensor_inputs(self.n_inputs))
         self.gears = _gear_marks(meta["unit"], inputs)
+        self._check = self.guards.check
         self.aot = meta["aot"]
         self.output = meta["output"]
         self.first_call_context: Callable | None = None
@@ -171,9 +172,15 @@ class Runtime:
         add_report(report)
         return cls(meta, unit, inputs)
 
+    def watch_arguments(self, arguments: Sequence[str]) -> None:
+        """Check per call only what depends on the call's ``arguments`` (see
+        :meth:`GuardSet.check_arguments`); the default is every guard on every call."""
+        self.guards.watch_arguments(arguments)
+        self._check = self.guards.check_arguments
+
     def check(self, frame: dict, globals_: Any) -> tuple[str, list]:
         """("", graph inputs) when the call fits the cached graph, else (why, [])."""
-        why, flat = self.guards.check(frame, globals_)
+        why, flat = self._check(frame, globals_)
         if why:
             return why, []
         for k, wrap in self.wrap.items():

@@ -34,7 +34,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 __all__ = ["ADVISORY_KINDS", "Globals", "GuardSet", "Sources", "UnsupportedGuard",
-           "compile_expression", "describe_object", "global_state", "source_slot"]
+           "compile_expression", "describe_object", "global_state", "module_epoch",
+           "source_slot"]
 
 
 class UnsupportedGuard(Exception):
@@ -107,13 +108,41 @@ class Sources:
     def __init__(self) -> None:
         self.index: dict[str, int] = {"L": 0, "G": 1}
         self.steps: list[tuple[int, Callable[[Any], Any], str]] = []
+        self.items: dict[int, Any] = {}  # slot -> the key of an item step (``parent[key]``)
+        self.roots: list[str] = ["L", "G"]  # slot -> the first step from L (e.g. ``L['x']``)
 
-    def slot(self, key: str, parent: int, step: Callable[[Any], Any]) -> int:
+    def slot(self, key: str, parent: int, step: Callable[[Any], Any],
+             item: Any = _MISSING) -> int:
         found = self.index.get(key)
         if found is None:
             found = self.index[key] = 2 + len(self.steps)
             self.steps.append((parent, step, key))
+            self.roots.append(key if parent == 0 else self.roots[parent])
+            if item is not _MISSING:
+                self.items[found] = item
         return found
+
+    def ancestors(self, slots: Any) -> list[int]:
+        """The steps (indices into ``steps``) that reading ``slots`` needs, in order."""
+        needed: set[int] = set()
+        for slot in slots:
+            while slot >= 2 and slot - 2 not in needed:
+                needed.add(slot - 2)
+                slot = self.steps[slot - 2][0]
+        return sorted(needed)
+
+    def evaluate_some(self, frame: dict, globals_: Globals, steps: list[int]) -> tuple[list, str]:
+        """:meth:`evaluate` of the given steps only (the other slots stay None)."""
+        values: list = [frame, globals_] + [None] * len(self.steps)
+        all_steps = self.steps
+        k = -1
+        try:
+            for k in steps:
+                parent, step, _ = all_steps[k]
+                values[k + 2] = step(values[parent])
+        except Exception as error:  # noqa: BLE001 - an unreadable source fails the call
+            return values, f"{all_steps[k][2]} cannot be read ({type(error).__name__}: {error})"
+        return values, ""
 
     def evaluate(self, frame: dict, globals_: Globals) -> tuple[list, str]:
         values = [frame, globals_]
@@ -197,6 +226,14 @@ def global_state() -> dict:
             "torch_function": bool(torch._C._is_torch_function_enabled())}
 
 
+def _state_snapshot() -> Any:
+    """PyTorch's own snapshot of the process state (the one Dynamo's GLOBAL_STATE guard
+    compares in C++), or None where this PyTorch has none."""
+    guards = getattr(torch._C, "_dynamo", None)
+    snapshot = getattr(getattr(guards, "guards", None), "GlobalStateGuard", None)
+    return snapshot() if snapshot is not None else None
+
+
 def _mode_stack_depth() -> int:
     return int(torch._C._len_torch_function_stack())
 
@@ -207,15 +244,19 @@ Fn = Callable[[list], Any]  # reads the per-call slot values
 
 
 def compile_expression(text: str, sources: Sources, *, type_of: list | None = None,
-                       obj: dict | None = None) -> Fn:
+                       obj: dict | None = None, read: set | None = None) -> Fn:
     """Compile one guard's code into ``fn(values) -> value``, adding the sources it reads to
-    ``sources``. ``type_of`` / ``obj`` are the recorded identities for ``___check_type_id`` /
-    ``___check_obj_id``."""
+    ``sources`` (and their slots to ``read``). ``type_of`` / ``obj`` are the recorded
+    identities for ``___check_type_id`` / ``___check_obj_id``."""
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as error:
         raise UnsupportedGuard(f"`{text}` is not an expression ({error.msg})") from None
-    return _Compiler(text, sources, type_of, obj).node(tree.body)
+    compiler = _Compiler(text, sources, type_of, obj)
+    fn = compiler.node(tree.body)
+    if read is not None:
+        read |= compiler.read
+    return fn
 
 
 def source_slot(text: str, sources: Sources) -> int:
@@ -235,6 +276,7 @@ class _Compiler:
     def __init__(self, text: str, sources: Sources, type_of: list | None,
                  obj: dict | None) -> None:
         self.text, self.sources, self.type_of, self.obj = text, sources, type_of, obj
+        self.read: set[int] = set()  # the slots the compiled code reads
 
     def fail(self, what: str) -> UnsupportedGuard:
         return UnsupportedGuard(f"{what} in `{self.text}`")
@@ -269,14 +311,20 @@ class _Compiler:
                 and node.func.id in _SOURCE_CALLS and len(node.args) == 1 and not node.keywords)
 
     def slot(self, node: ast.AST) -> int:
+        found = self._slot(node)
+        self.read.add(found)
+        return found
+
+    def _slot(self, node: ast.AST) -> int:
         if isinstance(node, ast.Name) and node.id in ("L", "G"):
             return self.sources.index[node.id]
         key = ast.unparse(node)
         if key in self.sources.index:
             return self.sources.index[key]
         if isinstance(node, ast.Subscript):
-            return self.sources.slot(key, self.slot(node.value), operator.itemgetter(
-                self._subscript_key(node.slice)))
+            item = self._subscript_key(node.slice)
+            return self.sources.slot(key, self.slot(node.value), operator.itemgetter(item),
+                                     item)
         if isinstance(node, ast.Attribute):
             name = node.attr
             if name.startswith("__") and name not in _DUNDERS:
@@ -508,6 +556,7 @@ def _tensor_check(c: _Compiler, node: ast.Call) -> Fn:
     shape_ok = _dims_check(kw.get("size"))
     stride_ok = _dims_check(kw.get("stride"))
     tls = c.sources.slot("<dispatch tls>", 0, _dispatch_tls)
+    c.read.add(tls)
     keys_seen: dict[int, tuple] = {}
     last_type: list = [None]
 
@@ -579,10 +628,37 @@ def _dispatch_keys(t: torch.Tensor, tls: tuple, seen: dict) -> frozenset:
 # ---------------------------------------------------------------------------- guard sets
 
 class _Guard:
-    __slots__ = ("kind", "code", "source", "fn")
+    __slots__ = ("kind", "code", "source", "fn", "read")
 
-    def __init__(self, kind: str, code: str, source: str, fn: Fn) -> None:
-        self.kind, self.code, self.source, self.fn = kind, code, source, fn
+    def __init__(self, kind: str, code: str, source: str, fn: Fn, read: set) -> None:
+        self.kind, self.code, self.source, self.fn, self.read = kind, code, source, fn, read
+
+
+# Bumped whenever any nn.Module gets a parameter, buffer or submodule assigned (PyTorch's global
+# registration hooks): the state guards of a cached frame are checked again on the next call.
+_module_epoch = [0]
+_epoch_hooks: list = []
+
+
+def _bump_epoch(*_: Any) -> None:
+    _module_epoch[0] += 1
+
+
+def _watch_modules() -> None:
+    if _epoch_hooks:
+        return
+    from torch.nn.modules import module as nn_module
+
+    _epoch_hooks.extend([nn_module.register_module_parameter_registration_hook(_bump_epoch),
+                         nn_module.register_module_buffer_registration_hook(_bump_epoch),
+                         nn_module.register_module_module_registration_hook(_bump_epoch)])
+
+
+def module_epoch() -> int:
+    return _module_epoch[0]
+
+
+_TENSOR_DICTS = ("._parameters", "._buffers")
 
 
 class GuardSet:
@@ -604,10 +680,12 @@ class GuardSet:
                 self.modes = int(rec["depth"])
             else:
                 for code in rec["code"]:
+                    read: set[int] = set()
                     fn = compile_expression(code, self.sources, type_of=rec.get("type"),
-                                            obj=rec.get("obj"))
-                    self.guards.append(_Guard(kind, code, rec.get("source", ""), fn))
+                                            obj=rec.get("obj"), read=read)
+                    self.guards.append(_Guard(kind, code, rec.get("source", ""), fn, read))
         self.inputs = [source_slot(s, self.sources) for s in input_sources]
+        self._per_call: tuple | None = None  # see :meth:`watch_arguments`
         self._tensor_slots = {source_slot(g.source, self.sources) for g in self.guards
                               if g.kind == "TENSOR_MATCH" and g.source}
 
@@ -619,28 +697,115 @@ class GuardSet:
     def __len__(self) -> int:
         return len(self.guards)
 
-    def check(self, frame: dict, globals_: dict | Globals) -> tuple[str, list]:
-        """("", graph inputs) when every guard holds, else (a sentence naming the first guard
-        that does not, [])."""
+    def _process_state(self) -> str:
         if self.modes is not None and _mode_stack_depth() != self.modes:
-            return "a TorchFunctionMode is active (e.g. torch.device as a context manager)", []
+            return "a TorchFunctionMode is active (e.g. torch.device as a context manager)"
         if self.state is not None:
             now = global_state()
             if now != self.state:
                 diff = sorted(k for k in now if now[k] != self.state.get(k))
-                return f"global state changed: {', '.join(diff)}", []
-        if not isinstance(globals_, Globals):
-            globals_ = Globals(globals_)
-        values, why = self.sources.evaluate(frame, globals_)
-        if why:
-            return why, []
-        for guard in self.guards:
+                return f"global state changed: {', '.join(diff)}"
+        return ""
+
+    def _run(self, guards: Sequence[_Guard], values: list) -> str:
+        for guard in guards:
             try:
                 ok = guard.fn(values)
             except Exception as error:  # noqa: BLE001 - an unreadable value fails the guard
-                return f"{guard.kind} `{guard.code}`: {type(error).__name__}: {error}", []
+                return f"{guard.kind} `{guard.code}`: {type(error).__name__}: {error}"
             if not ok:
-                return f"{guard.kind} `{guard.code}` does not hold{self._now(guard, values)}", []
+                return f"{guard.kind} `{guard.code}` does not hold{self._now(guard, values)}"
+        return ""
+
+    def check(self, frame: dict, globals_: dict | Globals) -> tuple[str, list]:
+        """("", graph inputs) when every guard holds, else (a sentence naming the first guard
+        that does not, [])."""
+        why = self._process_state()
+        if why:
+            return why, []
+        if not isinstance(globals_, Globals):
+            globals_ = Globals(globals_)
+        values, why = self.sources.evaluate(frame, globals_)
+        if not why:
+            why = self._run(self.guards, values)
+        if why:
+            return why, []
+        if self._per_call is not None:
+            self._tensor_dicts = {k: values[parent] for k, parent, _ in self._per_call[2]}
+            self._checked_epoch = module_epoch()
+        return "", [values[i] for i in self.inputs]
+
+    # ------------------------------------------------------------- per-call argument checks
+    def watch_arguments(self, arguments: Sequence[str]) -> None:
+        """Prepare :meth:`check_arguments`: the guards that read a call argument (a name in
+        ``arguments``) or no source at all, the sources they and the graph inputs read, and
+        the inputs that are a module's parameters or buffers (read from the module's
+        ``_parameters`` / ``_buffers`` dict, kept from the last full check)."""
+        roots = {f"L[{name!r}]" for name in arguments}
+        sources = self.sources
+
+        def per_call(guard: _Guard) -> bool:
+            read = [r for r in guard.read if sources.roots[r] != "<dispatch tls>"]
+            return not read or any(sources.roots[r] in roots for r in read)
+
+        guards = [g for g in self.guards if per_call(g)]
+        dict_inputs, read = [], set()
+        for k, slot in enumerate(self.inputs):
+            parent = sources.steps[slot - 2][0] if slot >= 2 else -1
+            if (sources.roots[slot] not in roots and slot in sources.items and parent >= 2
+                    and sources.steps[parent - 2][2].endswith(_TENSOR_DICTS)):
+                dict_inputs.append((k, parent, sources.items[slot]))
+            else:
+                read.add(slot)
+        for guard in guards:
+            read |= guard.read
+        self._per_call = (guards, sources.ancestors(read), dict_inputs)
+        self._tensor_dicts: dict[int, Any] = {}
+        self._checked_epoch = -1
+        self._state_snapshot: Any = None
+        _watch_modules()
+
+    def _process_state_per_call(self) -> str:
+        """:meth:`_process_state` through a snapshot of the whole process state taken after the
+        last full comparison (one C++ call); a difference there (including ones the guard
+        ignores, such as the thread count) falls back to the full comparison."""
+        if self.state is None:
+            return self._process_state()
+        if self.modes is not None and _mode_stack_depth() != self.modes:
+            return self._process_state()
+        if self._state_snapshot is not None and self._state_snapshot.check():
+            return ""
+        why = self._process_state()
+        if not why:
+            self._state_snapshot = _state_snapshot()
+        return why
+
+    def check_arguments(self, frame: dict, globals_: dict | Globals) -> tuple[str, list]:
+        """:meth:`check` of what can change from call to call without touching a module: the
+        process state (grad, autocast, function modes...), every guard that reads a call
+        argument, and the graph inputs read again (parameters and buffers from their module's
+        dict). Guards on module attributes and globals are checked by the full :meth:`check`,
+        which runs instead on the first call and after any parameter, buffer or submodule
+        assignment (:func:`module_epoch`)."""
+        if self._per_call is None or self._checked_epoch != module_epoch():
+            return self.check(frame, globals_)
+        guards, steps, dict_inputs = self._per_call
+        why = self._process_state_per_call()
+        if why:
+            return why, []
+        if not isinstance(globals_, Globals):
+            globals_ = Globals(globals_)
+        values, why = self.sources.evaluate_some(frame, globals_, steps)
+        if not why:
+            why = self._run(guards, values)
+        if why:
+            return why, []
+        dicts = self._tensor_dicts
+        for k, _, key in dict_inputs:
+            try:
+                values[self.inputs[k]] = dicts[k][key]
+            except KeyError:  # removed from its module: the full check says which source
+                return self.check(frame, globals_)
         return "", [values[i] for i in self.inputs]
 
     def _now(self, guard: _Guard, values: list) -> str:

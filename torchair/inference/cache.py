@@ -2,12 +2,14 @@
 
 The first process (cold) compiles ``func`` with Dynamo and the torchair backend as usual and saves
 what the backend built (see :mod:`torchair.inference._cache_io`) together with every guard
-Dynamo produced for the frame (:mod:`torchair.inference._guards`). A later process (warm) with
-the same key (:mod:`torchair.inference._cache_key`) loads the entry and, on every call, checks
-those guards without Dynamo (:mod:`torchair.inference._guard_eval`): a call that passes them is
-exactly a call Dynamo would have served from the traced graph, and runs the cached launch unit;
-a call that fails one is compiled with Dynamo (warning once, naming the guard), never run on the
-cached graph. A guard that cannot be checked in another process makes the function uncacheable
+Dynamo produced for the frame (:mod:`torchair.inference._guards`); its later calls run the launch
+unit it built the way a warm process runs the entry. A later process (warm) with the same key
+(:mod:`torchair.inference._cache_key`) loads the entry and checks those guards without Dynamo
+(:mod:`torchair.inference._guard_eval`): all of them on the first call and after any parameter,
+buffer or submodule assignment, on the other calls those on the call's arguments and the process
+state (``$TORCHAIR_CACHE_GUARDS=all``: every guard on every call). A call that passes is a call
+Dynamo would have served from the traced graph and runs the cached launch unit; a call that fails
+one is compiled with Dynamo (warning once, naming the guard), never run on the cached graph. A guard that cannot be checked in another process makes the function uncacheable
 (compiled as usual, with a warning naming that guard). Calls run under ``torch.no_grad()``, as in
 TorchAir.
 
@@ -147,6 +149,7 @@ class _Frame:
         simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
         self.names = tuple(p.name for p in params) if simple else None
         self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        self.arguments = tuple(p.name for p in params)  # what changes from call to call
         self.freevars = code.co_freevars
         self.closure = func.__func__.__closure__ or ()
         self.globals = func.__func__.__globals__
@@ -182,6 +185,7 @@ class CachedFunction:
         self.runtime: Runtime | None = None
         self.compiled: Callable | None = None  # Dynamo-compiled func (cold start, fallback)
         self.warned: set[str] = set()
+        self.guard_mode = _guard_mode()
         self._lock = threading.Lock()
         functools.update_wrapper(self, func)
 
@@ -274,8 +278,9 @@ class CachedFunction:
                            self.entry, type(error).__name__, error)
             self._discard()
             return None
-        logger.info("cache_compile(%s): loaded %s (no Dynamo trace; %d guards checked per "
-                    "call)", self.name, self.entry, len(runtime.guards))
+        self._watch(runtime)
+        logger.info("cache_compile(%s): loaded %s (no Dynamo trace; %d guards, %s)", self.name,
+                    self.entry, len(runtime.guards), _GUARD_MODES[self.guard_mode])
         self.vec_isa = runtime.meta.get("vec_isa")
         if not _has_library(runtime.meta["unit"]):  # an Inductor unit builds again
             runtime.first_call_context = self._warm_build
@@ -363,7 +368,13 @@ class CachedFunction:
             return
         meta = json.loads(meta_json)
         inputs = [info_from_json(i) for i in meta["inputs"]]
-        self.runtime = Runtime(meta, rec.launch_unit, inputs)
+        runtime = Runtime(meta, rec.launch_unit, inputs)
+        self._watch(runtime)
+        self.runtime = runtime
+
+    def _watch(self, runtime: Runtime) -> None:
+        if self.guard_mode == "arguments":
+            runtime.watch_arguments(self.frame.arguments)
 
     def _payload(self, state: _ColdState, parts: dict, guards: list, result: Any) -> dict:
         records = state.records
@@ -426,6 +437,22 @@ class CachedFunction:
             yield str(path)
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+
+_GUARD_MODES = {
+    "arguments": "per call: the guards on the call's arguments and the process state; all of "
+                 "them on the first call and after a parameter, buffer or submodule assignment",
+    "all": "all of them on every call",
+}
+
+
+def _guard_mode() -> str:
+    """$TORCHAIR_CACHE_GUARDS: which guards a call served from the entry checks."""
+    mode = os.environ.get("TORCHAIR_CACHE_GUARDS", "arguments").strip().lower()
+    if mode not in _GUARD_MODES:
+        raise ValueError(f"TORCHAIR_CACHE_GUARDS={mode!r} is not valid; use one of "
+                         f"{sorted(_GUARD_MODES)} (default 'arguments')")
+    return mode
 
 
 def _has_library(unit: dict) -> bool:
