@@ -17,6 +17,10 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
   ``experimental_config.tiling_schedule_optimize`` (lengths sunk into a device buffer, one static
   launch unit), default engine (Inductor).
 - ``torchair-fx``: the same with ``debug.run_eagerly=True`` (FX engine: ATen ops one by one).
+- ``torchair-cache``: the same path 4 config through ``torchair.inference.cache_compile`` (a
+  fresh temporary cache directory): the first call compiles and saves, the later calls run the
+  launch unit from the entry without Dynamo, checking the guards on the call's arguments and
+  the process state (``$TORCHAIR_CACHE_GUARDS``, default ``arguments``).
 - ``torchair-nodynamo``: ``torchair``'s compiled function called directly with Dynamo's
   flattened arguments: the step minus Dynamo's per-call work (frame, guards, argument
   extraction). A diagnostic of where the time goes (nothing is guarded), not a way to call a
@@ -35,9 +39,13 @@ KV caches, ``allclose``) before timing; the result is recorded, nothing about sp
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
+import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -56,7 +64,8 @@ from torchair.demo._roofline import (GemvFloor, floor_us, kv_read_bytes,  # noqa
 
 FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight GEMVs alone
 
-ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-fx", "torchair-nodynamo",
+ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-cache", "torchair-fx",
+                "torchair-nodynamo",
                 "reduce-overhead")
 
 
@@ -265,6 +274,15 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
                                  fullgraph=True)
         describe = ("torchair path 4: dynamic=True + mark_static + tiling_schedule_optimize, "
                     "default engine (Inductor)")
+    elif name == "torchair-cache":
+        config = torchair.CompilerConfig()
+        config.experimental_config.tiling_schedule_optimize = True
+        cache_dir = tempfile.mkdtemp(prefix="bench-decode-cache-")
+        atexit.register(shutil.rmtree, cache_dir, True)
+        compiled = torchair.inference.cache_compile(model.forward, config=config,
+                                                    cache_dir=cache_dir)
+        describe = (f"torchair path 4 through cache_compile (later calls from the entry, "
+                    f"TORCHAIR_CACHE_GUARDS={os.environ.get('TORCHAIR_CACHE_GUARDS', 'arguments')})")
     elif name == "torchair-fx":
         compiled = torch.compile(model, backend=_torchair_backend(True), dynamic=True,
                                  fullgraph=True)
