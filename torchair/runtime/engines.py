@@ -35,6 +35,9 @@ ENV_CPP_WRAPPER = "TORCHAIR_CPP_WRAPPER"
 # static units call Inductor's compiled graph without compile_fx's AOT runtime wrapper where that
 # wrapper has nothing to do (0: always through the wrapper)
 ENV_DIRECT = "TORCHAIR_DIRECT_CALL"
+# CPU static units trace the quantization ops' formulas into the generated code (0: call the
+# ops' eager kernels, bit-exact with eager)
+ENV_LOWER_QUANT = "TORCHAIR_LOWER_QUANT"
 CPP_ENGINE = "inductor-cpp"  # Inductor's kernels called from its C++ wrapper
 
 _aot_dir: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchair_aot_dir",
@@ -61,20 +64,57 @@ def _formulas() -> dict:
     neighbours (a custom op stays an opaque call in generated code)."""
     from torchair.ops.norm import rms_norm as norm
 
+    from torchair.ops.quant import lowered as quant
+
     npu = torch.ops.npu
     return {npu.npu_rms_norm.default: norm.rms_norm_reference,
             npu.npu_add_rms_norm.default: norm.add_rms_norm_reference,
-            npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference}
+            npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference,
+            npu.npu_dynamic_quant.default: quant.dynamic_quant_formula,
+            npu.npu_add_rms_norm_dynamic_quant.default: quant.add_rms_norm_dynamic_quant_formula,
+            npu.npu_quant_matmul.default: quant.quant_matmul_formula}
 
 
-def lower_to_formulas(gm: fx.GraphModule) -> int:
+def _decide_int8_gemms(gm: fx.GraphModule) -> None:
+    """Before tracing the formulas: time the int8 GEMM choice of each ``npu_quant_matmul`` call
+    of a CPU graph whose operand shapes the trace recorded (see
+    :func:`torchair.ops.quant.lowered.decide_int8_gemm`)."""
+    from torchair.ops.quant import lowered as quant
+
+    target = torch.ops.npu.npu_quant_matmul.default
+    for node in gm.graph.find_nodes(op="call_function", target=target):
+        vals = [getattr(a, "meta", {}).get("val") for a in node.args[:2]]
+        if all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
+            try:
+                quant.decide_int8_gemm(tuple(int(d) for d in vals[0].shape),
+                                       tuple(int(d) for d in vals[1].shape))
+            except (TypeError, RuntimeError, ValueError) as error:  # symbolic or odd shapes
+                logger.debug("int8 GEMM choice for %s not timed (%s)", node.name, error)
+
+
+def _on_cpu(gm: fx.GraphModule) -> bool:
+    """Whether every tensor the graph takes (as the trace recorded them) is on the CPU."""
+    vals = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    return bool(tensors) and all(v.device.type == "cpu" for v in tensors)
+
+
+_QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul")
+
+
+def lower_to_formulas(gm: fx.GraphModule, quant: bool = True) -> int:
     """Replace, in place, the calls of :func:`_formulas`' ops by their fp32 reference formula,
     for a fixed-shape Inductor build (the formula's shape checks would guard on symbolic
-    shapes). Returns how many calls were replaced."""
+    shapes); ``quant=False`` leaves the quantization ops as calls. Returns how many calls were
+    replaced."""
+    from torchair.ops.quant.lowered import lowerable
+
     table = _formulas()
     count = 0
     for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target in table:
+        if (node.op == "call_function" and node.target in table
+                and lowerable(node.target, node.kwargs)
+                and (quant or node.target._schema.name.split("::")[-1] not in _QUANT_OPS)):
             if "self" in node.kwargs:  # the schema's name of npu_rms_norm's input
                 kwargs = dict(node.kwargs)
                 node.args = (kwargs.pop("self"), *node.args)
@@ -87,12 +127,16 @@ def lower_to_formulas(gm: fx.GraphModule) -> int:
 
 
 def _for_inductor(gm: fx.GraphModule, static: bool, what: str) -> fx.GraphModule:
+    # quant formulas replace the CPU kernels (CUDA keeps Triton's)
+    cpu = static and _on_cpu(gm) and env_switch(ENV_LOWER_QUANT)
+    if cpu:
+        _decide_int8_gemms(gm)
     fresh = _fresh_copy(gm)
     if static:
-        count = lower_to_formulas(fresh)
+        count = lower_to_formulas(fresh, quant=cpu)
         if count:
-            logger.debug("%s: %d norm op(s) lowered to their formula for Inductor to fuse", what,
-                         count)
+            logger.debug("%s: %d norm / quant op(s) lowered to their formula for Inductor to "
+                         "fuse", what, count)
     return fresh
 
 

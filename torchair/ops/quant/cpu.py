@@ -89,10 +89,10 @@ def int8_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     else:
         a = x1.expand(*batch, m, k).reshape(b, m, k)
         w = x2.expand(*batch, k, n).reshape(b, k, n)
-    return _float_product(a, w).reshape(b * m, n)
+    return float_product(a, w).reshape(b * m, n)
 
 
-def _float_product(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def float_product(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """The exact int32 product of int8 ``a [..., M, K]`` and ``w [..., K, N]``: float32 GEMMs over
     slices of K summed in int32, or one float64 GEMM (module doc)."""
     k = a.shape[-1]
@@ -121,6 +121,16 @@ _INT_MM_MAX_K = (2**31 - 1) // 2**14
 _INT_MM_MAX_ROWS = 16
 _gemm_choice: dict[tuple[int, int, int], bool] = {}  # (rows, K, N) -> use torch._int_mm
 _gemm_lock = threading.Lock()
+
+
+def int_mm_chosen(rows: int, k: int, n: int) -> bool:
+    """Whether the int8 product of this shape uses ``torch._int_mm`` as chosen (forced by
+    ``GEMM`` or timed by :func:`_use_int_mm`); False when never decided."""
+    if k > _INT_MM_MAX_K or not hasattr(torch, "_int_mm"):
+        return False
+    if GEMM is not None:
+        return GEMM == "int_mm"
+    return rows <= _INT_MM_MAX_ROWS and _gemm_choice.get((rows, k, n), False)
 
 
 def _use_int_mm(a: torch.Tensor, w: torch.Tensor) -> bool:
@@ -154,7 +164,7 @@ def _best_of(fn, runs: int = 3) -> float:
 def _int_mm_is_faster(a: torch.Tensor, w: torch.Tensor) -> bool:
     """Time torch._int_mm and the float32 slices once on these operands (module comment)."""
     try:
-        if not torch.equal(torch._int_mm(a, w), _float_product(a, w)):  # also a warm-up
+        if not torch.equal(torch._int_mm(a, w), float_product(a, w)):  # also a warm-up
             logger.warning("torch._int_mm disagrees with the exact float32 int8 product for "
                            "shape %s x %s; not using it", list(a.shape), list(w.shape))
             return False
@@ -163,7 +173,7 @@ def _int_mm_is_faster(a: torch.Tensor, w: torch.Tensor) -> bool:
                      list(w.shape), exc)
         return False
     t_int = _best_of(lambda: torch._int_mm(a, w))
-    t_float = _best_of(lambda: _float_product(a, w))
+    t_float = _best_of(lambda: float_product(a, w))
     logger.debug("int8 GEMM %s x %s: torch._int_mm %.1f us, float32 slices %.1f us", list(a.shape),
                  list(w.shape), t_int * 1e6, t_float * 1e6)
     return t_int < t_float

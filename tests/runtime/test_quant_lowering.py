@@ -1,0 +1,111 @@
+"""CPU static units trace the quantization ops' formulas into Inductor's code: no call of the
+ops' Python kernels per step, results within one quantization step of eager; with
+TORCHAIR_LOWER_QUANT=0 the ops are called and the unit is bit-exact with eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import torchair
+from torchair.runtime import engines
+
+pytestmark = pytest.mark.inductor
+npu = torch.ops.npu
+_QUANT = ("npu::npu_dynamic_quant", "npu::npu_add_rms_norm_dynamic_quant",
+          "npu::npu_quant_matmul")
+
+
+class _QuantBlock(torch.nn.Module):
+    """A W8A8 MLP half: add + RMS norm + per-token quant, int8 GEMM, quant again, int8 GEMM."""
+
+    def __init__(self, hidden=64, inner=96):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.register_buffer("gamma", torch.rand(hidden, generator=gen) + 0.5)
+        self.register_buffer("w1", torch.randint(-128, 128, (inner, hidden), generator=gen,
+                                                 dtype=torch.int8))
+        self.register_buffer("s1", torch.rand(inner, generator=gen) / 100)
+        self.register_buffer("w2", torch.randint(-128, 128, (hidden, inner), generator=gen,
+                                                 dtype=torch.int8))
+        self.register_buffer("s2", torch.rand(hidden, generator=gen) / 100)
+
+    def forward(self, x, residual):
+        q, _, x_out, scale, _ = npu.npu_add_rms_norm_dynamic_quant(
+            x, residual, self.gamma, output_mask=[True, False])
+        y = npu.npu_quant_matmul(q, self.w1.t(), self.s1, pertoken_scale=scale,
+                                 output_dtype=torch.bfloat16)
+        q2, scale2 = npu.npu_dynamic_quant(y.float())
+        z = npu.npu_quant_matmul(q2, self.w2.t(), self.s2, pertoken_scale=scale2,
+                                 output_dtype=torch.bfloat16)
+        return z, x_out, q, scale
+
+
+def _compiled(module, x, r):
+    torch._dynamo.reset()
+    torch._dynamo.mark_static(x)
+    torch._dynamo.mark_static(r)
+    config = torchair.CompilerConfig()
+    config.experimental_config.tiling_schedule_optimize = True
+    return torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
+                         dynamic=True, fullgraph=True)
+
+
+def _quant_op_calls(fn, *args):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return [e.name for e in prof.events() if e.name in _QUANT]
+
+
+def test_quant_ops_run_as_generated_code_within_one_step_of_eager():
+    block = _QuantBlock().eval()
+    gen = torch.Generator().manual_seed(1)
+    x, r = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen)
+    compiled = _compiled(block, x, r)
+    with torch.no_grad():
+        got = compiled(x, r)
+        assert torchair.graph_reports()[-1].build_static
+        for _ in range(2):
+            x, r = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen)
+            got, want = compiled(x, r), block(x, r)
+            z, x_out, q, scale = got
+            assert torch.equal(x_out, want[1])
+            assert (q.int() - want[2].int()).abs().max() <= 1
+            assert torch.allclose(scale, want[3], rtol=1e-6, atol=0)
+            # z: bf16 outputs of a second quantization; one step of it at most
+            step = want[0].float().abs().amax(-1, keepdim=True) / 127
+            assert ((z.float() - want[0].float()).abs() <= 2 * step + 1e-3).all()
+        assert _quant_op_calls(compiled, x, r) == []
+        assert sorted(set(_quant_op_calls(block, x, r))) == sorted(_QUANT)
+
+
+def test_switch_off_calls_the_ops_bit_exact(monkeypatch):
+    monkeypatch.setenv(engines.ENV_LOWER_QUANT, "0")
+    block = _QuantBlock().eval()
+    gen = torch.Generator().manual_seed(2)
+    x, r = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen)
+    compiled = _compiled(block, x, r)
+    with torch.no_grad():
+        compiled(x, r)
+        x, r = torch.randn(4, 64, generator=gen), torch.randn(4, 64, generator=gen)
+        got, want = compiled(x, r), block(x, r)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert _quant_op_calls(compiled, x, r)
+
+
+def test_per_expert_smooth_scales_are_not_lowered():
+    """group_index selects rows by tensor values: the op stays a call (and stays exact)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4, 16)
+    smooth, groups = torch.rand(2, 16) + 0.5, torch.tensor([1, 3], dtype=torch.int32)
+
+    def experts(x, smooth, groups):
+        return npu.npu_dynamic_quant(x, smooth_scales=smooth, group_index=groups)
+
+    def plain(x):
+        return npu.npu_dynamic_quant(x)
+
+    assert engines.lower_to_formulas(make_fx(experts)(x, smooth, groups)) == 0
+    assert engines.lower_to_formulas(make_fx(plain)(x)) == 1
+    assert engines.lower_to_formulas(make_fx(plain)(x), quant=False) == 0

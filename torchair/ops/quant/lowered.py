@@ -1,0 +1,90 @@
+"""Quantization ops as plain ATen formulas for a fixed-shape Inductor build.
+
+A static launch unit compiled by Inductor would call ``npu_dynamic_quant``,
+``npu_add_rms_norm_dynamic_quant`` and ``npu_quant_matmul`` as opaque custom ops, whose CPU
+kernels are Python (argument checks, the plan, the epilogue: 40-90 µs per call at decode sizes on
+2 cores, against a few µs of arithmetic). :func:`torchair.runtime.engines.lower_to_formulas`
+replaces them with the functions here, which Inductor traces with the unit's fixed shapes: the
+checks run once, at build time, and the arithmetic becomes generated code fused with its
+neighbours (the norm and the quantization of ``npu_add_rms_norm_dynamic_quant`` in one loop).
+
+The formulas are the references of the op modules, with one change: the int8 product of
+``npu_quant_matmul`` is exact int32 either way, through ``torch._int_mm`` where the CPU kernel
+chose it for the shape (:func:`decide_int8_gemm`, timed before tracing) or float32 slices of K.
+Fused float arithmetic may round differently from the eager kernels in the last bit, so an int8
+output can differ by one step where a value sits on a rounding boundary.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torchair.ops.quant import cpu as _cpu
+from torchair.ops.quant.dynamic_quant import (add_rms_norm_dynamic_quant_reference,
+                                              dynamic_quant_reference)
+from torchair.ops.quant.quant_matmul import (prepare_quant_matmul,
+                                             quant_matmul_epilogue_reference)
+
+__all__ = ["add_rms_norm_dynamic_quant_formula", "decide_int8_gemm", "dynamic_quant_formula",
+           "lowerable", "quant_matmul_formula"]
+
+
+def lowerable(target, kwargs: dict) -> bool:
+    """Whether a call can be lowered: per-expert smooth scales (``group_index``) index rows by
+    tensor values, which a traced formula cannot."""
+    return kwargs.get("group_index") is None
+
+
+def dynamic_quant_formula(input, *, smooth_scales=None, group_index=None, dst_type=None):
+    return dynamic_quant_reference(input, smooth_scales=smooth_scales, group_index=group_index,
+                                   dst_type=dst_type)
+
+
+def add_rms_norm_dynamic_quant_formula(x1, x2, gamma, *, smooth_scale1=None, smooth_scale2=None,
+                                       beta=None, epsilon=1e-6, output_mask=()):
+    return add_rms_norm_dynamic_quant_reference(
+        x1, x2, gamma, smooth_scale1=smooth_scale1, smooth_scale2=smooth_scale2, beta=beta,
+        epsilon=epsilon, output_mask=output_mask)
+
+
+def decide_int8_gemm(x1_shape, x2_shape) -> None:
+    """Time, once per shape, whether ``torch._int_mm`` beats the float32 slices (the eager
+    kernel's choice, :func:`torchair.ops.quant.cpu._use_int_mm`), on real operands of the
+    call's shapes; the formula traced later reads the choice."""
+    batch = torch.broadcast_shapes(tuple(x1_shape[:-2]), tuple(x2_shape[:-2]))
+    m, k = x1_shape[-2:]
+    n = x2_shape[-1]
+    if any(d != 1 for d in x2_shape[:-2]) or 0 in (m, k, n):
+        return
+    rows = math.prod(batch) * m
+    a = torch.randint(-128, 128, (rows, k), dtype=torch.int8)
+    w = torch.randint(-128, 128, (k, n), dtype=torch.int8)
+    _cpu._use_int_mm(a, w)
+
+
+def _int8_product(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """Exact int32 ``x1 @ x2`` as ``[B * M, N]`` (as :func:`torchair.ops.quant.cpu.
+    int8_matmul_cpu`, reading the timed choice instead of timing)."""
+    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    m, k = x1.shape[-2:]
+    n = x2.shape[-1]
+    b = math.prod(batch)
+    if all(d == 1 for d in x2.shape[:-2]):
+        a = x1.expand(*batch, m, k).reshape(b * m, k)
+        w = x2.reshape(k, n)
+        if _cpu.int_mm_chosen(b * m, k, n):
+            return torch._int_mm(a, w)
+    else:
+        a = x1.expand(*batch, m, k).reshape(b, m, k)
+        w = x2.expand(*batch, k, n).reshape(b, k, n)
+    return _cpu.float_product(a, w).reshape(b * m, n)
+
+
+def quant_matmul_formula(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
+                         output_dtype=None, **extras):
+    plan = prepare_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale,
+                                bias=bias, output_dtype=output_dtype, **extras)
+    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    acc = _int8_product(x1, x2).reshape(*batch, x1.shape[-2], x2.shape[-1])
+    return quant_matmul_epilogue_reference(acc, plan)
