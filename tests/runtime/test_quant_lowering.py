@@ -109,3 +109,41 @@ def test_per_expert_smooth_scales_are_not_lowered():
     assert engines.lower_to_formulas(make_fx(experts)(x, smooth, groups)) == 0
     assert engines.lower_to_formulas(make_fx(plain)(x)) == 1
     assert engines.lower_to_formulas(make_fx(plain)(x), quant=False) == 0
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_dequant_swiglu_quant_is_lowered_within_one_step(grouped):
+    """The int32 accumulator of a gate/up GEMM -> dequant, SwiGLU, dynamic quant; with groups of
+    tokens (group_index, per-group scales) the formula maps rows to groups with tensor ops."""
+    gen = torch.Generator().manual_seed(3)
+    tokens, h = 6, 32
+    x = torch.randint(-2000, 2000, (tokens, 2 * h), generator=gen, dtype=torch.int32)
+    groups = torch.tensor([2, 4], dtype=torch.int64) if grouped else None
+    ws = torch.rand(2 if grouped else 1, 2 * h, generator=gen) / 100
+    qs = torch.rand(2 if grouped else 1, h, generator=gen) + 0.5
+    act = torch.rand(tokens, generator=gen) + 0.5
+
+    class Swiglu(torch.nn.Module):
+        def forward(self, x, act):
+            return npu.npu_dequant_swiglu_quant(x, weight_scale=ws, activation_scale=act,
+                                                quant_scale=qs, group_index=groups,
+                                                quant_mode=1)
+
+    module = Swiglu()
+    torch._dynamo.reset()
+    for t in (x, act, ws, qs) + ((groups,) if grouped else ()):
+        torch._dynamo.mark_static(t)
+    config = torchair.CompilerConfig()
+    config.experimental_config.tiling_schedule_optimize = True
+    compiled = torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
+                             dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        compiled(x, act)
+        assert torchair.graph_reports()[-1].build_static
+        x2 = torch.randint(-2000, 2000, (tokens, 2 * h), generator=gen, dtype=torch.int32)
+        (y, scale), (want_y, want_scale) = compiled(x2, act), module(x2, act)
+        assert (y.int() - want_y.int()).abs().max() <= 1
+        assert torch.allclose(scale, want_scale, rtol=1e-5, atol=0)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            compiled(x2, act)
+        assert not [e.name for e in prof.events() if e.name == "npu::npu_dequant_swiglu_quant"]

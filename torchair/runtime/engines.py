@@ -72,7 +72,8 @@ def _formulas() -> dict:
             npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference,
             npu.npu_dynamic_quant.default: quant.dynamic_quant_formula,
             npu.npu_add_rms_norm_dynamic_quant.default: quant.add_rms_norm_dynamic_quant_formula,
-            npu.npu_quant_matmul.default: quant.quant_matmul_formula}
+            npu.npu_quant_matmul.default: quant.quant_matmul_formula,
+            npu.npu_dequant_swiglu_quant.default: quant.dequant_swiglu_quant_formula}
 
 
 def _decide_int8_gemms(gm: fx.GraphModule) -> None:
@@ -99,7 +100,8 @@ def _on_cpu(gm: fx.GraphModule) -> bool:
     return bool(tensors) and all(v.device.type == "cpu" for v in tensors)
 
 
-_QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul")
+_QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul",
+              "npu_dequant_swiglu_quant")
 
 
 def lower_to_formulas(gm: fx.GraphModule, quant: bool = True) -> int:

@@ -1,7 +1,8 @@
 """Quantization ops as plain ATen formulas for a fixed-shape Inductor build.
 
 A static launch unit compiled by Inductor would call ``npu_dynamic_quant``,
-``npu_add_rms_norm_dynamic_quant`` and ``npu_quant_matmul`` as opaque custom ops, whose CPU
+``npu_add_rms_norm_dynamic_quant``, ``npu_quant_matmul`` and ``npu_dequant_swiglu_quant`` as
+opaque custom ops, whose CPU
 kernels are Python (argument checks, the plan, the epilogue: 40-90 µs per call at decode sizes on
 2 cores, against a few µs of arithmetic). :func:`torchair.runtime.engines.lower_to_formulas`
 replaces them with the functions here, which Inductor traces with the unit's fixed shapes: the
@@ -21,19 +22,24 @@ import math
 import torch
 
 from torchair.ops.quant import cpu as _cpu
+from torchair.ops.quant.dequant_swiglu_quant import dequant_swiglu_quant_reference
 from torchair.ops.quant.dynamic_quant import (add_rms_norm_dynamic_quant_reference,
                                               dynamic_quant_reference)
 from torchair.ops.quant.quant_matmul import (prepare_quant_matmul,
                                              quant_matmul_epilogue_reference)
 
-__all__ = ["add_rms_norm_dynamic_quant_formula", "decide_int8_gemm", "dynamic_quant_formula",
-           "lowerable", "quant_matmul_formula"]
+__all__ = ["add_rms_norm_dynamic_quant_formula", "decide_int8_gemm", "dequant_swiglu_quant_formula",
+           "dynamic_quant_formula", "lowerable", "quant_matmul_formula"]
 
 
 def lowerable(target, kwargs: dict) -> bool:
-    """Whether a call can be lowered: per-expert smooth scales (``group_index``) index rows by
-    tensor values, which a traced formula cannot."""
-    return kwargs.get("group_index") is None
+    """Whether a call can be lowered: ``npu_dynamic_quant``'s per-expert smooth scales
+    (``group_index``) pick rows by tensor values on the host, which a traced formula cannot
+    (``npu_dequant_swiglu_quant`` maps its groups with tensor ops: always lowerable)."""
+    if getattr(target, "_schema", None) is not None and \
+            target._schema.name.endswith("npu_dynamic_quant"):
+        return kwargs.get("group_index") is None
+    return True
 
 
 def dynamic_quant_formula(input, *, smooth_scales=None, group_index=None, dst_type=None):
@@ -46,6 +52,15 @@ def add_rms_norm_dynamic_quant_formula(x1, x2, gamma, *, smooth_scale1=None, smo
     return add_rms_norm_dynamic_quant_reference(
         x1, x2, gamma, smooth_scale1=smooth_scale1, smooth_scale2=smooth_scale2, beta=beta,
         epsilon=epsilon, output_mask=output_mask)
+
+
+def dequant_swiglu_quant_formula(x, *, weight_scale=None, activation_scale=None, bias=None,
+                                 quant_scale=None, quant_offset=None, group_index=None,
+                                 activate_left=False, quant_mode=0):
+    return dequant_swiglu_quant_reference(
+        x, weight_scale=weight_scale, activation_scale=activation_scale, bias=bias,
+        quant_scale=quant_scale, quant_offset=quant_offset, group_index=group_index,
+        activate_left=activate_left, quant_mode=quant_mode)
 
 
 def decide_int8_gemm(x1_shape, x2_shape) -> None:
