@@ -115,7 +115,7 @@ class StaticUnit:
         from torchair.ops.attention.cpu import launch as _launch
 
         if _launch.loaded() and self.capture is None:  # launch kernels defer their errors
-            engine = _launch.checked(engine)
+            engine = _launch.checked(engine, as_fia=_launch.fia_errors(self.gm))
         if self.capture is None:
             self.run = engine
             outputs = engine(unit_args)

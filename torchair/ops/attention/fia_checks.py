@@ -59,17 +59,23 @@ class FiaPlan:
 _PLAIN_LENGTHS = re.compile(r"actual_seq_lengths(?!_kv)")
 
 
+def as_fia_message(msg: str, kv_lengths: bool = False) -> str:
+    """An IFA check's error text as this op words it (and, for checks given
+    ``actual_seq_lengths_kv`` as IFA's ``actual_seq_lengths``, under that name)."""
+    msg = msg.replace(_ifa.OP, OP)
+    if kv_lengths:
+        msg = _PLAIN_LENGTHS.sub("actual_seq_lengths_kv", msg)
+    return msg
+
+
 @contextlib.contextmanager
 def _as_fia(kv_lengths: bool = False):
-    """Re-raise the ValueErrors of the shared IFA checks under this op's name (and, for checks
-    given ``actual_seq_lengths_kv`` as IFA's ``actual_seq_lengths``, under that name)."""
+    """Re-raise the ValueErrors of the shared IFA checks under this op's name
+    (:func:`as_fia_message`)."""
     try:
         yield
     except ValueError as e:
-        msg = str(e).replace(_ifa.OP, OP)
-        if kv_lengths:
-            msg = _PLAIN_LENGTHS.sub("actual_seq_lengths_kv", msg)
-        raise ValueError(msg) from None
+        raise ValueError(as_fia_message(str(e), kv_lengths)) from None
 
 
 def _err(msg: str) -> ValueError:

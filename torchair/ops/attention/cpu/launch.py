@@ -21,6 +21,11 @@ the unit's fixed shapes; the kernel takes the shapes and strides) into that oper
 ``defer_errors=True``: a bad length or block id is kept and the call returns zeros, and the unit
 (wrapped by :func:`checked`) raises it after the run as the ``ValueError`` eager raises.
 
+``npu_fused_infer_attention_score_tensor`` decode calls that are IFA calls in disguise (one query
+token, every argument IFA does not have at its default, the lse output unused, FIA's own
+validation passing) are bound the same way in units that do not also call IFA, so that
+:func:`checked` can word a deferred error as FIA does (:func:`fia_errors`).
+
 The same library is also the CPU kernel of ``npu_incre_flash_attention`` and its tensor twin
 themselves (registered at the CPU dispatch key, ahead of the Python kernel registered for every
 device): a call whose signature the general op has validated once runs the decode kernel
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import threading
 from typing import Any
 
@@ -145,11 +151,13 @@ def _take() -> str | None:
     return buf.value.decode(errors="replace")
 
 
-def checked(engine: Any) -> Any:
+def checked(engine: Any, as_fia: bool = False) -> Any:
     """``engine`` (a static unit's ``fn(args) -> outputs``) raising, after each run, the
     ValueError a launch kernel deferred during it (static units call them with
     ``defer_errors=True``: an exception thrown in C++ would cross Inductor's C++ wrapper or an
-    AOTInductor library as a RuntimeError, not as the ValueError eager raises)."""
+    AOTInductor library as a RuntimeError, not as the ValueError eager raises). ``as_fia``: the
+    unit's bound calls are ``npu_fused_infer_attention_score`` calls (:func:`fia_errors`): the
+    error is named as that op names it."""
     def run(args: list) -> Any:
         try:
             outputs = engine(args)
@@ -158,6 +166,10 @@ def checked(engine: Any) -> Any:
             raise
         error = _take()
         if error is not None:
+            if as_fia:
+                from torchair.ops.attention import fia_checks as _fia_checks
+
+                error = _fia_checks.as_fia_message(error, kv_lengths=True)
             raise ValueError(error)
         return outputs
 
@@ -186,19 +198,25 @@ def _meta(val: Any) -> Any:
 def _takes(node: fx.Node) -> bool:
     """The call's arguments, as traced, pass the general op's validation and are a decode call
     on CPU that the launch kernel serves."""
-    from torchair.ops.attention import ifa_checks as _ifa_checks
-    from torchair.ops.attention import ifa_compute as _compute
-
     if len(node.args) != 3 or any(k not in _TAKEN and v is not None
                                   for k, v in node.kwargs.items()):
         return False
+    return _decode_takes(node.args, node.kwargs)
+
+
+def _decode_takes(args: tuple, node_kwargs: dict) -> bool:
+    """:func:`_takes` of IFA arguments (query, key, value and the keyword arguments, as FX
+    nodes or constants)."""
+    from torchair.ops.attention import ifa_checks as _ifa_checks
+    from torchair.ops.attention import ifa_compute as _compute
+
     if any(isinstance(a, fx.Node) and not isinstance(a.meta.get("val"), torch.Tensor)
-           for a in [*node.args, node.kwargs.get("block_table")]):
+           for a in [*args, node_kwargs.get("block_table")]):
         return False  # no traced tensor to check
-    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in node.args]
+    vals = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
     kwargs = {k: (v.meta.get("val") if isinstance(v, fx.Node) else v)
-              for k, v in node.kwargs.items()}
-    lengths = node.kwargs.get("actual_seq_lengths")
+              for k, v in node_kwargs.items()}
+    lengths = node_kwargs.get("actual_seq_lengths")
     if isinstance(lengths, fx.Node) and not isinstance(lengths.meta.get("val"), torch.Tensor):
         # a slice of the sunk scalar buffer (no traced value): int64 [B] on the query's device;
         # the kernel checks its shape and dtype per call and passes anything else to the
@@ -225,6 +243,52 @@ def _takes(node: fx.Node) -> bool:
     return _kernel_takes(plan, *vals, kwargs.get("block_table"))
 
 
+# FIA keyword arguments -> IFA's, for a decode call the launch kernel serves; every other FIA
+# argument must have its default (no masks, quantization, prefixes, rope or lse output)
+_FIA_AS_IFA = {"actual_seq_lengths_kv": "actual_seq_lengths", "block_table": "block_table",
+               "num_heads": "num_heads", "scale": "scale_value", "input_layout": "input_layout",
+               "num_key_value_heads": "num_key_value_heads", "block_size": "block_size",
+               "inner_precise": "inner_precise"}
+
+
+def _fia_as_ifa(node: fx.Node) -> dict | None:
+    """IFA keyword arguments equivalent to an ``npu_fused_infer_attention_score_tensor`` call
+    (one query token, the other arguments at their defaults, its lse output unused and its own
+    validation passing), or None."""
+    from torchair.ops.attention import fused_infer_attention_score as _fia
+    from torchair.ops.attention import fia_checks as _fia_checks
+
+    if len(node.args) != 3:
+        return None
+    for name, value in node.kwargs.items():
+        if name not in _FIA_AS_IFA and value != _fia._DEFAULTS.get(name, object()):
+            return None
+    users = list(node.users)
+    if not all(u.op == "call_function" and u.target is operator.getitem for u in users):
+        return None
+    if any(u.args[1] != 0 and u.users for u in users):
+        return None  # softmax_lse is used
+    query = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if not isinstance(query, torch.Tensor):
+        return None
+    kwargs = {_FIA_AS_IFA[k]: v for k, v in node.kwargs.items() if k in _FIA_AS_IFA}
+    try:
+        metas = {k: _meta(v.meta.get("val") if isinstance(v, fx.Node) else v)
+                 for k, v in node.kwargs.items()}
+        lengths = node.kwargs.get("actual_seq_lengths_kv")
+        if isinstance(lengths, fx.Node) and not isinstance(lengths.meta.get("val"),
+                                                           torch.Tensor):
+            metas["actual_seq_lengths_kv"] = torch.empty(query.shape[0], dtype=torch.int64,
+                                                         device="meta")
+        plan = _fia_checks.validate(_fia._args(*(_meta(a.meta.get("val")) for a in node.args),
+                                               metas))
+    except (ValueError, TypeError, RuntimeError, NotImplementedError, AttributeError):
+        return None
+    if plan.ifa.dims.q_len != 1:
+        return None
+    return kwargs
+
+
 def _kernel_takes(plan: Any, query, key, value, table) -> bool:
     """The shapes launch_ops.cpp's ``canonical`` takes (so the C++ code never falls back to the
     general op inside a static unit, where the general op's errors would not be deferred)."""
@@ -246,24 +310,58 @@ def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     itself, when there are none or the kernels are not available. ``gm`` is never changed (the
     compile cache saves it with the general ops)."""
     twin = torch.ops.npu.npu_incre_flash_attention_tensor.default
-    taken = [n for n in gm.graph.nodes
+    taken = [(n, n.kwargs) for n in gm.graph.nodes
              if n.op == "call_function" and n.target is twin and _takes(n)]
-    if not taken or not available():
+    fia = []
+    if fia_errors(gm):  # FIA calls only: a deferred error can be named after FIA (checked())
+        fia_twin = torch.ops.npu.npu_fused_infer_attention_score_tensor.default
+        for n in gm.graph.find_nodes(op="call_function", target=fia_twin):
+            kwargs = _fia_as_ifa(n)
+            if kwargs is not None and _kernel_args_ok(n, kwargs):
+                fia.append((n, kwargs))
+    if not (taken or fia) or not available():
         return gm, 0
     graph = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, copies))
     op = ifa_decode()
-    for old in taken:
+    for old, kw in taken + fia:
         node = copies[old]
-        kw = node.kwargs
-        args = (*node.args, kw.get("actual_seq_lengths"), None, kw.get("block_table"),
-                kw.get("num_heads", 1), kw.get("num_key_value_heads", 0),
-                LAYOUTS[kw.get("input_layout", "BSH")], kw.get("block_size", 0),
-                float(kw.get("scale_value", 1.0)), True)  # defer_errors: see checked()
+        args = (*node.args, _copied(kw.get("actual_seq_lengths"), copies), None,
+                _copied(kw.get("block_table"), copies), kw.get("num_heads", 1),
+                kw.get("num_key_value_heads", 0), LAYOUTS[kw.get("input_layout", "BSH")],
+                kw.get("block_size", 0), float(kw.get("scale_value", 1.0)),
+                True)  # defer_errors: see checked()
         with graph.inserting_before(node):
             new = graph.call_function(op, args)
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
+        if old.target is twin:
+            new.meta = dict(node.meta)
+            node.replace_all_uses_with(new)
+        else:  # FIA returns (out, lse): its out is the kernel's; the unused lse goes
+            new.meta = {k: v for k, v in node.meta.items() if k != "val"}
+            val = node.meta.get("val")
+            if isinstance(val, (tuple, list)):
+                new.meta["val"] = val[0]
+            for user in list(node.users):
+                if user.args[1] == 0:
+                    user.replace_all_uses_with(new)
+                graph.erase_node(user)
         graph.erase_node(node)
-    return fx.GraphModule(gm, graph), len(taken)
+    return fx.GraphModule(gm, graph), len(taken) + len(fia)
+
+
+def _copied(value: Any, copies: dict) -> Any:
+    return copies.get(value, value) if isinstance(value, fx.Node) else value
+
+
+def _kernel_args_ok(node: fx.Node, kwargs: dict) -> bool:
+    """:func:`_decode_takes` of an FIA call's IFA equivalent."""
+    return _decode_takes(node.args, kwargs)
+
+
+def fia_errors(gm: fx.GraphModule) -> bool:
+    """Whether a unit's deferred launch-kernel errors come from ``npu_fused_infer_attention_score``
+    calls: it calls FIA's tensor twin and not IFA's (only then are FIA calls bound)."""
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    return (torch.ops.npu.npu_fused_infer_attention_score_tensor.default in targets
+            and torch.ops.npu.npu_incre_flash_attention_tensor.default not in targets)

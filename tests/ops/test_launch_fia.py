@@ -1,0 +1,118 @@
+"""A CPU static unit binds ``npu_fused_infer_attention_score`` decode calls (one query token, no
+mask, quantization, prefixes or lse output) to the C++ launch kernel: bit-identical to eager FIA,
+no Python op call per step, and FIA's own ValueError texts for bad lengths and block ids. Calls
+the kernel does not serve (an lse output, a mask, a unit that also calls IFA) stay FIA calls."""
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import torchair
+from tests.ops._paging import paged
+from torchair.ops.attention.cpu import launch as _launch
+
+pytestmark = pytest.mark.skipif(not _launch.available(),
+                                reason="needs the launch kernels (a C and a C++ compiler)")
+FIA = torch.ops.npu.npu_fused_infer_attention_score
+IFA = torch.ops.npu.npu_incre_flash_attention
+
+
+class _Step(torch.nn.Module):
+    def __init__(self, lse=False, with_ifa=False, paged_cache=False):
+        super().__init__()
+        self.lse, self.with_ifa, self.paged = lse, with_ifa, paged_cache
+
+    def forward(self, q, k, v, lens, table):
+        kw = dict(num_heads=8, num_key_value_heads=2, input_layout="BSH", scale=0.125,
+                  actual_seq_lengths_kv=lens)
+        if self.paged:
+            kw.update(block_table=table, block_size=16)
+        out, lse = FIA(q, k, v, softmax_lse_flag=self.lse, **kw)
+        if self.with_ifa:
+            out = out + IFA(q, k, v, actual_seq_lengths=lens, num_heads=8, num_key_value_heads=2,
+                            input_layout="BSH", scale_value=0.125,
+                            **({"block_table": table, "block_size": 16} if self.paged else {}))
+        return (out * 2, lse) if self.lse else out * 2
+
+
+def _inputs(paged_cache, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, 1, 512, generator=g)
+    k = torch.randn(3, 2, 64, 64, generator=g)
+    v = torch.randn(3, 2, 64, 64, generator=g)
+    table = None
+    if paged_cache:
+        kb, table = paged(k, 16, torch.Generator().manual_seed(1))
+        vb = paged(v, 16, torch.Generator().manual_seed(1))[0]
+        k = kb.permute(0, 2, 1, 3).reshape(kb.shape[0], 16, -1)
+        v = vb.permute(0, 2, 1, 3).reshape(vb.shape[0], 16, -1)
+    else:
+        k = k.transpose(1, 2).reshape(3, 64, -1).contiguous()
+        v = v.transpose(1, 2).reshape(3, 64, -1).contiguous()
+    return q, k, v, table
+
+
+def _compile(module, tensors, run_eagerly):
+    torch._dynamo.reset()
+    for t in tensors:
+        if t is not None:
+            torch._dynamo.mark_static(t)
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = run_eagerly
+    config.experimental_config.tiling_schedule_optimize = True
+    return torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
+                         dynamic=True, fullgraph=True)
+
+
+def _op_calls(fn, *args):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return {e.name for e in prof.events() if e.name.startswith(("npu::", "torchair_native::"))}
+
+
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("run_eagerly", [True, pytest.param(False, marks=pytest.mark.inductor)],
+                         ids=["fx", "inductor"])
+def test_fia_decode_binds_the_launch_kernel(paged_cache, run_eagerly):
+    q, k, v, table = _inputs(paged_cache)
+    module = _Step(paged_cache=paged_cache)
+    compiled = _compile(module, (q, k, v, table), run_eagerly)
+    with torch.no_grad():
+        for lens in ([40, 3, 17], [41, 4, 18], [64, 64, 1]):
+            assert torch.equal(compiled(q, k, v, lens, table), module(q, k, v, lens, table))
+        report = torchair.graph_reports()[-1]
+        assert report.path == 4 and report.launch_kernels == 1, str(report)
+        assert _op_calls(compiled, q, k, v, [40, 3, 17], table) == {"torchair_native::ifa_decode"}
+        with pytest.raises(ValueError) as eager:
+            module(q, k, v, [40, 3, -1], table)
+        with pytest.raises(ValueError) as unit:
+            compiled(q, k, v, [40, 3, -1], table)
+        assert str(unit.value) == str(eager.value)
+        assert "npu_fused_infer_attention_score" in str(unit.value)
+        assert "actual_seq_lengths_kv[2]" in str(unit.value)
+        if paged_cache:
+            bad = table.clone()
+            bad[1, 0] = 10**6
+            with pytest.raises(ValueError) as eager:
+                module(q, k, v, [40, 3, 17], bad)
+            with pytest.raises(ValueError) as unit:
+                compiled(q, k, v, [40, 3, 17], bad)
+            assert str(unit.value) == str(eager.value)
+        assert torch.equal(compiled(q, k, v, [40, 3, 17], table),
+                           module(q, k, v, [40, 3, 17], table))
+
+
+@pytest.mark.parametrize("case", ["lse", "with-ifa"])
+def test_calls_the_kernel_does_not_serve_stay_fia(case):
+    q, k, v, table = _inputs(False)
+    module = _Step(lse=case == "lse", with_ifa=case == "with-ifa")
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        got, want = compiled(q, k, v, [40, 3, 17], None), module(q, k, v, [40, 3, 17], None)
+        if case == "lse":
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+        else:
+            assert torch.equal(got, want)
+        report = torchair.graph_reports()[-1]
+        calls = _op_calls(compiled, q, k, v, [40, 3, 17], None)
+    assert "npu::npu_fused_infer_attention_score_tensor" in calls
+    assert report.launch_kernels == (1 if case == "with-ifa" else 0), str(report)
