@@ -540,7 +540,7 @@ def test_cold_process_later_calls_skip_dynamo_and_follow_a_changed_eps(tmp_path,
             want = model.decode(x, [4, 6])
         assert _equal(got, want), eps
     number = next(iter(model.cached_decode.runtime.wrap.values()))
-    number.tensor.fill_(123.0)  # someone wrote into the reused tensor: it is made again
+    number.last[1].fill_(123.0)  # someone wrote into the reused tensor: it is made again
     got = _run(model, x, [4, 6])
     with torch.no_grad():
         assert _equal(got, model.decode(x, [4, 6]))
@@ -625,3 +625,60 @@ def test_guard_mode_is_validated(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="TORCHAIR_CACHE_GUARDS='some' is not valid; use one of "
                                          r"\['all', 'arguments'\]"):
         src.Model(tmp_path / "c", config=_config())
+
+
+class _Rope(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("f", torch.linspace(1, 2, 8))
+
+
+class _WithBuffer(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 8)
+        self.rope = _Rope()
+        self.plain = torch.full((8,), 3.0)
+        self.cached = cache_compile(self.step, cache_dir=cache_dir, config=_config())
+
+    def step(self, x):
+        return self.l(x) * self.rope.f + self.plain
+
+
+@pytest.mark.parametrize("change", ["buffer-dtype", "attribute-dtype", "attribute-shape"])
+def test_state_tensors_changed_in_place_after_served_calls_are_not_fed_to_the_unit(
+        tmp_path, log, change):
+    """A buffer converted by Module._apply (written into _buffers, no hook) or a tensor attribute
+    replaced after served calls: its guard runs on full checks only, so the unit's own input
+    check must see it (the call falls back, never computes on reinterpreted bytes)."""
+    model = _WithBuffer(tmp_path / "c")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            model.cached(x)
+        if change == "buffer-dtype":
+            model.rope.double()
+        elif change == "attribute-dtype":
+            model.plain = torch.full((8,), 3.0, dtype=torch.float64)
+        else:
+            model.plain = torch.full((1,), 3.0)
+        got, want = model.cached(x), model.step(x)
+    assert got.dtype == want.dtype and torch.allclose(got, want, atol=1e-6)
+    assert any("does not fit the cached graph" in m for m in _messages(log))
+
+
+def test_autocast_dtype_change_is_seen_per_call(tmp_path, log):
+    """PyTorch's C++ snapshot of the process state does not compare autocast dtypes: a call under
+    another autocast dtype than the trace's falls back."""
+    model = _WithBuffer(tmp_path / "c")
+    x = torch.randn(2, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(4):  # cold, first served (full check), then per-call checks
+            model.cached(x)
+        torch.set_autocast_dtype("cpu", torch.float16)  # inside the same autocast region
+        try:
+            got, want = model.cached(x), model.step(x)
+        finally:
+            torch.set_autocast_dtype("cpu", torch.bfloat16)
+    assert got.dtype == want.dtype and torch.allclose(got, want, atol=2e-2)
+    assert any("global state changed" in m for m in _messages(log))

@@ -41,9 +41,12 @@ def test_input_mutation_in_the_graph_happens_once():
     engine = _engine(write, cache.clone(), index, value)
     assert getattr(engine, "direct", False)
     mine, want = torch.zeros(6, 4), torch.zeros(6, 4)
+    before = (mine._version, want._version)
     out = engine([mine, index, 3 * value])
     expected = write(want, index, 3 * value)
     assert torch.equal(mine, want) and torch.equal(out[0], expected[0])
+    # the version counter moves as in eager (autograd's check of in-place edits relies on it)
+    assert mine._version - before[0] == want._version - before[1] == 1
 
 
 def test_output_aliasing_an_input_keeps_the_wrapper():

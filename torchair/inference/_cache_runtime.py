@@ -94,27 +94,26 @@ class _NumberInput:
     as a norm's ``eps``): the tensor is made again only when the number changes (same type,
     equal, same sign for zeros) or someone wrote into the last one."""
 
-    __slots__ = ("dtype", "reuse", "value", "tensor", "version")
+    __slots__ = ("dtype", "reuse", "last")
 
     def __init__(self, dtype: str, reuse: bool) -> None:
         self.dtype = getattr(torch, dtype)
         self.reuse = reuse  # False when the return value hands this input back to the caller
-        self.value: Any = None
-        self.tensor: torch.Tensor | None = None
-        self.version = -1
+        self.last: tuple | None = None  # (number, tensor, tensor version): one store, thread-safe
 
     def __call__(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return value
-        last = self.tensor
-        if (last is not None and type(value) is type(self.value) and value == self.value
-                and last._version == self.version
-                and (not isinstance(value, float) or
-                     math.copysign(1.0, value) == math.copysign(1.0, self.value))):
-            return last
+        last = self.last
+        if last is not None:
+            number, tensor, version = last
+            if (type(value) is type(number) and value == number and tensor._version == version
+                    and (not isinstance(value, float) or
+                         math.copysign(1.0, value) == math.copysign(1.0, number))):
+                return tensor
         tensor = torch.tensor(value, dtype=self.dtype)
         if self.reuse:
-            self.value, self.tensor, self.version = value, tensor, tensor._version
+            self.last = (value, tensor, tensor._version)
         return tensor
 
 
@@ -137,8 +136,8 @@ class Runtime:
         returned = _returned_inputs(meta["aot"])
         self.wrap = {k: _NumberInput(info["dtype"], k not in returned) for k, (wrap, info) in
                      enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap}
-        self.checks = _InputChecks([_InputCheck(info) for info in inputs],
-                                   self.guards.tensor_inputs(self.n_inputs))
+        self._input_checks = [_InputCheck(info) for info in inputs]
+        self.checks = _InputChecks(self._input_checks, self.guards.tensor_inputs(self.n_inputs))
         self.gears = _gear_marks(meta["unit"], inputs)
         self._check = self.guards.check
         self.aot = meta["aot"]
@@ -177,6 +176,9 @@ class Runtime:
         :meth:`GuardSet.check_arguments`); the default is every guard on every call."""
         self.guards.watch_arguments(arguments)
         self._check = self.guards.check_arguments
+        # inputs whose tensor guard now runs on full checks only get the unit's own checks
+        self.checks = _InputChecks(self._input_checks,
+                                   self.guards.tensor_inputs(self.n_inputs, per_call=True))
 
     def check(self, frame: dict, globals_: Any) -> tuple[str, list]:
         """("", graph inputs) when the call fits the cached graph, else (why, [])."""

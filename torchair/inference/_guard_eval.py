@@ -234,6 +234,14 @@ def _state_snapshot() -> Any:
     return snapshot() if snapshot is not None else None
 
 
+def _snapshot_blind_spots() -> tuple:
+    """What :func:`global_state` compares that PyTorch's snapshot does not: the autocast dtypes
+    (they matter only while autocast is on) and cuDNN's TF32 switch."""
+    on = torch._C._is_any_autocast_enabled()
+    dtypes = (torch.get_autocast_dtype("cpu"), torch.get_autocast_dtype("cuda")) if on else ()
+    return dtypes, bool(torch.backends.cudnn.allow_tf32)
+
+
 def _mode_stack_depth() -> int:
     return int(torch._C._len_torch_function_stack())
 
@@ -689,10 +697,15 @@ class GuardSet:
         self._tensor_slots = {source_slot(g.source, self.sources) for g in self.guards
                               if g.kind == "TENSOR_MATCH" and g.source}
 
-    def tensor_inputs(self, count: int) -> set[int]:
+    def tensor_inputs(self, count: int, per_call: bool = False) -> set[int]:
         """Which of the first ``count`` input sources a TENSOR_MATCH guard checks (dtype,
-        device, static sizes and strides)."""
-        return {k for k, slot in enumerate(self.inputs[:count]) if slot in self._tensor_slots}
+        device, static sizes and strides); ``per_call``: one that :meth:`check_arguments` runs
+        on every call."""
+        slots = self._tensor_slots
+        if per_call and self._per_call is not None:
+            slots = {source_slot(g.source, self.sources) for g in self._per_call[0]
+                     if g.kind == "TENSOR_MATCH" and g.source}
+        return {k for k, slot in enumerate(self.inputs[:count]) if slot in slots}
 
     def __len__(self) -> int:
         return len(self.guards)
@@ -720,6 +733,7 @@ class GuardSet:
     def check(self, frame: dict, globals_: dict | Globals) -> tuple[str, list]:
         """("", graph inputs) when every guard holds, else (a sentence naming the first guard
         that does not, [])."""
+        epoch = module_epoch()  # before reading: an assignment during the check is seen next
         why = self._process_state()
         if why:
             return why, []
@@ -732,7 +746,7 @@ class GuardSet:
             return why, []
         if self._per_call is not None:
             self._tensor_dicts = {k: values[parent] for k, parent, _ in self._per_call[2]}
-            self._checked_epoch = module_epoch()
+            self._checked_epoch = epoch
         return "", [values[i] for i in self.inputs]
 
     # ------------------------------------------------------------- per-call argument checks
@@ -763,6 +777,7 @@ class GuardSet:
         self._tensor_dicts: dict[int, Any] = {}
         self._checked_epoch = -1
         self._state_snapshot: Any = None
+        self._blind_spots: tuple = ()
         _watch_modules()
 
     def _process_state_per_call(self) -> str:
@@ -773,11 +788,13 @@ class GuardSet:
             return self._process_state()
         if self.modes is not None and _mode_stack_depth() != self.modes:
             return self._process_state()
-        if self._state_snapshot is not None and self._state_snapshot.check():
+        if (self._state_snapshot is not None and self._state_snapshot.check()
+                and _snapshot_blind_spots() == self._blind_spots):
             return ""
         why = self._process_state()
         if not why:
             self._state_snapshot = _state_snapshot()
+            self._blind_spots = _snapshot_blind_spots()
         return why
 
     def check_arguments(self, frame: dict, globals_: dict | Globals) -> tuple[str, list]:

@@ -7,9 +7,11 @@ unit it built the way a warm process runs the entry. A later process (warm) with
 (:mod:`torchair.inference._cache_key`) loads the entry and checks those guards without Dynamo
 (:mod:`torchair.inference._guard_eval`): all of them on the first call and after any parameter,
 buffer or submodule assignment, on the other calls those on the call's arguments and the process
-state (``$TORCHAIR_CACHE_GUARDS=all``: every guard on every call). A call that passes is a call
-Dynamo would have served from the traced graph and runs the cached launch unit; a call that fails
-one is compiled with Dynamo (warning once, naming the guard), never run on the cached graph. A guard that cannot be checked in another process makes the function uncacheable
+state, plus the unit's own checks of every input (``$TORCHAIR_CACHE_GUARDS=all``: every guard on
+every call, so that a call that passes is one Dynamo would have served from the traced graph). A
+call that fails a check is compiled with Dynamo (warning once, naming the guard), never run on the
+cached graph. What ``arguments`` does not see after the first call (module attributes and globals
+changed by plain assignment, submodules reordered in their container) is listed in the README. A guard that cannot be checked in another process makes the function uncacheable
 (compiled as usual, with a warning naming that guard). Calls run under ``torch.no_grad()``, as in
 TorchAir.
 
@@ -366,10 +368,15 @@ class CachedFunction:
         a guard still goes to Dynamo (which then recompiles and drops the entry)."""
         if rec.launch_unit is None:
             return
-        meta = json.loads(meta_json)
-        inputs = [info_from_json(i) for i in meta["inputs"]]
-        runtime = Runtime(meta, rec.launch_unit, inputs)
-        self._watch(runtime)
+        try:
+            meta = json.loads(meta_json)
+            inputs = [info_from_json(i) for i in meta["inputs"]]
+            runtime = Runtime(meta, rec.launch_unit, inputs)
+            self._watch(runtime)
+        except Exception as error:  # noqa: BLE001 - Dynamo keeps serving this process's calls
+            logger.warning("cache_compile(%s): later calls in this process go through Dynamo (%s: "
+                           "%s)", self.name, type(error).__name__, error)
+            return
         self.runtime = runtime
 
     def _watch(self, runtime: Runtime) -> None:

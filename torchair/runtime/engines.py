@@ -187,10 +187,10 @@ class _Inner:
 
     def direct(self, n_inputs: int) -> Callable | None:
         """The compiled graph itself, when ``compile_fx``'s runtime wrapper would only pass the
-        arguments through: every input mutation stays in the graph, no output aliases an input
-        or an intermediate, no effect tokens, no tensor subclass, not compiled under autocast,
-        and the graph takes exactly the unit's arguments (no deduplicated or synthetic-base
-        inputs). None otherwise."""
+        arguments through (and the version bump of inputs mutated in the graph that autograd
+        tracks, done here too): every input mutation stays in the graph, no output aliases an input or an intermediate, no effect tokens,
+        no tensor subclass, not compiled under autocast, and the graph takes exactly the unit's
+        arguments (no deduplicated or synthetic-base inputs). None otherwise."""
         meta = self.metadata
         if (self.compiled is None or meta is None or self.placeholders != n_inputs
                 or self.autocast):
@@ -205,7 +205,11 @@ class _Inner:
                                  for m in (meta.subclass_fw_graph_out_meta or ())))
         except AttributeError:  # another PyTorch's metadata: keep the wrapper
             return None
-        return self.compiled if plain else None
+        if not plain:
+            return None
+        # inputs mutated in the graph that autograd tracks: the wrapper bumps their version
+        bump = tuple(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", ()) or ())
+        return _direct_engine(self.compiled, bump)
 
 
 def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, static: bool,
@@ -221,8 +225,13 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, stati
     no_aot_cache = _patch_functorch(enable_autograd_cache=False) if static else \
         contextlib.nullcontext()
 
+    # a tensor subclass input is unwrapped by the wrapper (AOT's metadata here describes the
+    # unwrapped graph): only plain tensors go to the graph directly
+    plain_inputs = all(type(x) in (torch.Tensor, torch.nn.Parameter)
+                       for x in example_inputs if isinstance(x, torch.Tensor))
+
     def direct() -> Callable | None:
-        return inner.direct(len(example_inputs)) if static else None
+        return inner.direct(len(example_inputs)) if static and plain_inputs else None
 
     if cpp_wrapper:
         import torch._inductor.config as inductor_config
@@ -277,16 +286,25 @@ def inductor_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str
         return fx_engine(gm), "fx"
     name = CPP_ENGINE if cpp else "inductor"
     if direct is not None and env_switch(ENV_DIRECT):
-        return _direct_engine(direct), name
+        return direct, name
     # compile_fx returns an unboxed callable
     return (lambda args: compiled(*args)), name
 
 
-def _direct_engine(graph: Callable) -> Engine:
+def _direct_engine(graph: Callable, bump: tuple = ()) -> Engine:
     """Calls Inductor's compiled graph without ``compile_fx``'s AOT runtime wrapper (about 30 µs
-    per call less on 2 cores; see :meth:`_Inner.direct` for when)."""
-    def run(args: list) -> Any:
-        return graph(list(args))
+    per call less on 2 cores; see :meth:`_Inner.direct` for when); ``bump``: the arguments whose
+    version counter the wrapper would increment (mutated in place, seen by autograd)."""
+    if bump:
+        from torch.autograd.graph import increment_version
+
+        def run(args: list) -> Any:
+            outputs = graph(list(args))
+            increment_version([args[i] for i in bump])
+            return outputs
+    else:
+        def run(args: list) -> Any:
+            return graph(list(args))
 
     run.direct = True  # type: ignore[attr-defined]
     return run
