@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 import traceback
 import warnings
 
@@ -255,3 +256,10 @@ def cache_worker(rank: int, world: int, port: int, out_dir: str, cache_dir: str,
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
         dist.destroy_process_group()
+    # The result is written. About one run in ten, this worker's interpreter teardown aborted
+    # ("terminate called without an active exception", SIGABRT: a C++ thread still joinable at
+    # exit) on the 2-core machine, also before this file's last change; the parent would report
+    # the abort as the test's failure. Leave without the teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
