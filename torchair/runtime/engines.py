@@ -59,21 +59,25 @@ def _fresh_copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
-def _formulas() -> dict:
+def _formulas(quant: bool = True) -> dict:
     """npu ops whose reference kernel is a plain ATen formula that Inductor can fuse with its
-    neighbours (a custom op stays an opaque call in generated code)."""
+    neighbours (a custom op stays an opaque call in generated code); ``quant``: with the
+    quantization ops (CPU units: their eager kernels are Python; CUDA keeps Triton's)."""
     from torchair.ops.norm import rms_norm as norm
 
-    from torchair.ops.quant import lowered as quant
-
     npu = torch.ops.npu
-    return {npu.npu_rms_norm.default: norm.rms_norm_reference,
-            npu.npu_add_rms_norm.default: norm.add_rms_norm_reference,
-            npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference,
-            npu.npu_dynamic_quant.default: quant.dynamic_quant_formula,
-            npu.npu_add_rms_norm_dynamic_quant.default: quant.add_rms_norm_dynamic_quant_formula,
-            npu.npu_quant_matmul.default: quant.quant_matmul_formula,
-            npu.npu_dequant_swiglu_quant.default: quant.dequant_swiglu_quant_formula}
+    table = {npu.npu_rms_norm.default: norm.rms_norm_reference,
+             npu.npu_add_rms_norm.default: norm.add_rms_norm_reference,
+             npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference}
+    if quant:
+        from torchair.ops.quant import lowered
+
+        table.update({
+            npu.npu_dynamic_quant.default: lowered.dynamic_quant_formula,
+            npu.npu_add_rms_norm_dynamic_quant.default: lowered.add_rms_norm_dynamic_quant_formula,
+            npu.npu_quant_matmul.default: lowered.quant_matmul_formula,
+            npu.npu_dequant_swiglu_quant.default: lowered.dequant_swiglu_quant_formula})
+    return table
 
 
 def _decide_int8_gemms(gm: fx.GraphModule) -> None:
@@ -100,10 +104,6 @@ def _on_cpu(gm: fx.GraphModule) -> bool:
     return bool(tensors) and all(v.device.type == "cpu" for v in tensors)
 
 
-_QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul",
-              "npu_dequant_swiglu_quant")
-
-
 def lower_to_formulas(gm: fx.GraphModule, quant: bool = True) -> int:
     """Replace, in place, the calls of :func:`_formulas`' ops by their fp32 reference formula,
     for a fixed-shape Inductor build (the formula's shape checks would guard on symbolic
@@ -111,12 +111,11 @@ def lower_to_formulas(gm: fx.GraphModule, quant: bool = True) -> int:
     replaced."""
     from torchair.ops.quant.lowered import lowerable
 
-    table = _formulas()
+    table = _formulas(quant)
     count = 0
     for node in gm.graph.nodes:
         if (node.op == "call_function" and node.target in table
-                and lowerable(node.target, node.kwargs)
-                and (quant or node.target._schema.name.split("::")[-1] not in _QUANT_OPS)):
+                and lowerable(node.target, node.kwargs)):
             if "self" in node.kwargs:  # the schema's name of npu_rms_norm's input
                 kwargs = dict(node.kwargs)
                 node.args = (kwargs.pop("self"), *node.args)
@@ -218,29 +217,29 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, stati
     directly or None; see :class:`_Inner`)."""
     from torch._inductor.compile_fx import compile_fx
 
-    inner = _Inner()
-    kwargs: dict = {"inner_compile": inner} if static else {}
-    # AOT's own cache would hand back a wrapped function without calling inner_compile;
-    # Inductor's FX-graph cache (inside compile_fx_inner) still serves a repeated build
-    no_aot_cache = _patch_functorch(enable_autograd_cache=False) if static else \
-        contextlib.nullcontext()
-
     # a tensor subclass input is unwrapped by the wrapper (AOT's metadata here describes the
     # unwrapped graph): only plain tensors go to the graph directly
     plain_inputs = all(type(x) in (torch.Tensor, torch.nn.Parameter)
                        for x in example_inputs if isinstance(x, torch.Tensor))
 
-    def direct() -> Callable | None:
-        return inner.direct(len(example_inputs)) if static and plain_inputs else None
-
-    if cpp_wrapper:
+    def build(cpp: bool) -> tuple[Callable, bool, Callable | None]:
         import torch._inductor.config as inductor_config
 
+        inner = _Inner()
+        with contextlib.ExitStack() as stack:
+            if cpp:
+                stack.enter_context(inductor_config.patch(cpp_wrapper=True))
+            if static:  # AOT's own cache would hand back a wrapped function without calling
+                # inner_compile; Inductor's FX-graph cache (inside it) still serves a rebuild
+                stack.enter_context(_patch_functorch(enable_autograd_cache=False))
+            compiled = compile_fx(_for_inductor(gm, static, what), _static_fakes(example_inputs),
+                                  **({"inner_compile": inner} if static else {}))
+        direct = inner.direct(len(example_inputs)) if static and plain_inputs else None
+        return compiled, cpp, direct
+
+    if cpp_wrapper:
         try:
-            with inductor_config.patch(cpp_wrapper=True), no_aot_cache:
-                compiled = compile_fx(_for_inductor(gm, static, what),
-                                      _static_fakes(example_inputs), **kwargs)
-            return compiled, True, direct()
+            return build(True)
         except Exception as exc:  # noqa: BLE001 - the Python wrapper is the fallback
             restart = getattr(torch._dynamo.exc, "RestartAnalysis", ())
             if isinstance(exc, restart):
@@ -248,13 +247,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, stati
             logger.warning("%s: Inductor's C++ wrapper could not be built (%s: %s); using its "
                            "Python wrapper (about 0.1 ms more per call; %s=0 skips the attempt)",
                            what, type(exc).__name__, exc, ENV_CPP_WRAPPER)
-        inner = _Inner()
-        kwargs = {"inner_compile": inner}
-        no_aot_cache = _patch_functorch(enable_autograd_cache=False)
-    with no_aot_cache:
-        compiled = compile_fx(_for_inductor(gm, static, what), _static_fakes(example_inputs),
-                              **kwargs)
-    return compiled, False, direct()
+    return build(False)
 
 
 def _patch_functorch(**changes: Any) -> Any:

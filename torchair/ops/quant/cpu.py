@@ -72,9 +72,10 @@ def _fp32_matmul_is_ieee() -> bool:
         return False
 
 
-def int8_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+def int8_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor, timed: bool = True) -> torch.Tensor:
     """Exact int32 ``x1 @ x2`` of int8 ``[..., M, K]`` and ``[..., K, N]`` as ``[B * M, N]``
-    (``B`` the product of the broadcast batch dimensions); see the module doc for the method."""
+    (``B`` the product of the broadcast batch dimensions); see the module doc for the method.
+    ``timed=False`` (a traced formula): read the GEMM choice made earlier, never time it."""
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
     m, k = x1.shape[-2:]
     n = x2.shape[-1]
@@ -84,7 +85,7 @@ def int8_matmul_cpu(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     if all(d == 1 for d in x2.shape[:-2]):  # one weight: fold the batch into the rows
         a = x1.expand(*batch, m, k).reshape(b * m, k)
         w = x2.reshape(k, n)
-        if _use_int_mm(a, w):
+        if _use_int_mm(a, w) if timed else int_mm_chosen(b * m, k, n):
             return torch._int_mm(a, w)
     else:
         a = x1.expand(*batch, m, k).reshape(b, m, k)
@@ -123,25 +124,30 @@ _gemm_choice: dict[tuple[int, int, int], bool] = {}  # (rows, K, N) -> use torch
 _gemm_lock = threading.Lock()
 
 
-def int_mm_chosen(rows: int, k: int, n: int) -> bool:
-    """Whether the int8 product of this shape uses ``torch._int_mm`` as chosen (forced by
-    ``GEMM`` or timed by :func:`_use_int_mm`); False when never decided."""
-    if k > _INT_MM_MAX_K or not hasattr(torch, "_int_mm"):
-        return False
-    if GEMM is not None:
-        return GEMM == "int_mm"
-    return rows <= _INT_MM_MAX_ROWS and _gemm_choice.get((rows, k, n), False)
-
-
-def _use_int_mm(a: torch.Tensor, w: torch.Tensor) -> bool:
-    rows, k = a.shape
-    n = w.shape[1]
+def _fixed_choice(rows: int, k: int) -> bool | None:
+    """The GEMM choice when no timing decides it (None: timing decides)."""
     if k > _INT_MM_MAX_K or not hasattr(torch, "_int_mm"):
         return False
     if GEMM is not None:
         return GEMM == "int_mm"
     if rows > _INT_MM_MAX_ROWS:
         return False
+    return None
+
+
+def int_mm_chosen(rows: int, k: int, n: int) -> bool:
+    """Whether the int8 product of this shape uses ``torch._int_mm`` as chosen (forced by
+    ``GEMM`` or timed by :func:`_use_int_mm`); False when never decided."""
+    fixed = _fixed_choice(rows, k)
+    return fixed if fixed is not None else _gemm_choice.get((rows, k, n), False)
+
+
+def _use_int_mm(a: torch.Tensor, w: torch.Tensor) -> bool:
+    rows, k = a.shape
+    n = w.shape[1]
+    fixed = _fixed_choice(rows, k)
+    if fixed is not None:
+        return fixed
     key = (rows, k, n)
     choice = _gemm_choice.get(key)
     if choice is None:

@@ -17,8 +17,6 @@ output can differ by one step where a value sits on a rounding boundary.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from torchair.ops.quant import cpu as _cpu
@@ -65,35 +63,10 @@ def dequant_swiglu_quant_formula(x, *, weight_scale=None, activation_scale=None,
 
 def decide_int8_gemm(x1_shape, x2_shape) -> None:
     """Time, once per shape, whether ``torch._int_mm`` beats the float32 slices (the eager
-    kernel's choice, :func:`torchair.ops.quant.cpu._use_int_mm`), on real operands of the
-    call's shapes; the formula traced later reads the choice."""
-    batch = torch.broadcast_shapes(tuple(x1_shape[:-2]), tuple(x2_shape[:-2]))
-    m, k = x1_shape[-2:]
-    n = x2_shape[-1]
-    if any(d != 1 for d in x2_shape[:-2]) or 0 in (m, k, n):
-        return
-    rows = math.prod(batch) * m
-    a = torch.randint(-128, 128, (rows, k), dtype=torch.int8)
-    w = torch.randint(-128, 128, (k, n), dtype=torch.int8)
-    _cpu._use_int_mm(a, w)
-
-
-def _int8_product(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """Exact int32 ``x1 @ x2`` as ``[B * M, N]`` (as :func:`torchair.ops.quant.cpu.
-    int8_matmul_cpu`, reading the timed choice instead of timing)."""
-    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
-    m, k = x1.shape[-2:]
-    n = x2.shape[-1]
-    b = math.prod(batch)
-    if all(d == 1 for d in x2.shape[:-2]):
-        a = x1.expand(*batch, m, k).reshape(b * m, k)
-        w = x2.reshape(k, n)
-        if _cpu.int_mm_chosen(b * m, k, n):
-            return torch._int_mm(a, w)
-    else:
-        a = x1.expand(*batch, m, k).reshape(b, m, k)
-        w = x2.expand(*batch, k, n).reshape(b, k, n)
-    return _cpu.float_product(a, w).reshape(b * m, n)
+    kernel's choice, made by :func:`torchair.ops.quant.cpu.int8_matmul_cpu` on int8 operands of
+    the call's shapes); the formula traced later reads the choice."""
+    _cpu.int8_matmul_cpu(torch.zeros(x1_shape, dtype=torch.int8),
+                         torch.zeros(x2_shape, dtype=torch.int8))
 
 
 def quant_matmul_formula(x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None,
@@ -101,5 +74,5 @@ def quant_matmul_formula(x1, x2, scale, *, offset=None, pertoken_scale=None, bia
     plan = prepare_quant_matmul(x1, x2, scale, offset=offset, pertoken_scale=pertoken_scale,
                                 bias=bias, output_dtype=output_dtype, **extras)
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
-    acc = _int8_product(x1, x2).reshape(*batch, x1.shape[-2], x2.shape[-1])
+    acc = _cpu.int8_matmul_cpu(x1, x2, timed=False).reshape(*batch, x1.shape[-2], x2.shape[-1])
     return quant_matmul_epilogue_reference(acc, plan)
