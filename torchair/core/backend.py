@@ -12,8 +12,10 @@ import torch.fx as fx
 
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.pipeline import GraphSignature, compile_graph
-from torchair.core.utils import logger
+from torchair.core.utils import env_switch, logger
 from torchair.inference.gears import get_dim_gears
+
+ENV_SPECIALIZE_FLOATS = "TORCHAIR_SPECIALIZE_ATTRIBUTE_FLOATS"
 
 
 def _check_config(compiler_config: Any) -> CompilerConfig:
@@ -73,7 +75,16 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None,
 
     ``compiler_config`` is copied: later changes to the object do not affect this backend.
     ``custom_decompositions`` maps ATen ops to Python decompositions applied during AOT tracing.
+    Floats read from attributes or globals become constants of the graph
+    (:func:`_specialize_attribute_floats`).
     """
+    return npu_backend(compiler_config, custom_decompositions, specialize_floats=True)
+
+
+def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: dict | None, *,
+                specialize_floats: bool) -> Callable:
+    """:func:`get_npu_backend`; ``specialize_floats=False`` keeps every float a graph input
+    (``cache_compile``, whose per-call checks read the call's arguments, not attributes)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     config = _check_config(compiler_config)
@@ -83,6 +94,8 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None,
     decompositions = dict(custom_decompositions or {})
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        if specialize_floats:
+            _specialize_attribute_floats(gm)
         signature = _signature(gm, example_inputs)
 
         def compiler(aot_gm: fx.GraphModule, aot_inputs: Sequence[Any]) -> Callable:
@@ -102,6 +115,52 @@ def get_npu_backend(*, compiler_config: CompilerConfig | None = None,
 
     backend.compiler_config = config  # type: ignore[attr-defined]
     return backend
+
+
+def _attribute_float_symbol(node: fx.Node) -> str | None:
+    """The symbol (``zf0``, ...) of a float that Dynamo passes as a 0-d tensor (it does so with
+    ``dynamic=True``: ``specialize_float`` is off) when the float is read from an attribute or
+    a global (``self.eps``, ``self.cfg.scale``, ``EPS``), not a call argument; None otherwise."""
+    grapharg = node.meta.get("grapharg")
+    if (grapharg is None or not getattr(grapharg, "pass_arg_as_tensor", False)
+            or getattr(grapharg, "is_tensor", True)):
+        return None
+    source, attribute = getattr(grapharg, "source", None), False
+    while source is not None:  # an attribute anywhere on the chain, or a global at its root
+        kind = type(source).__name__
+        attribute = attribute or kind == "AttrSource" or kind.startswith("Global")
+        source = getattr(source, "base", None)
+    if not attribute or not node.users or any(u.target != "item" for u in node.users):
+        return None
+    memo = getattr(node.meta.get("example_value"), "item_memo", None)
+    name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
+    return name if isinstance(name, str) else None
+
+
+def _specialize_attribute_floats(gm: fx.GraphModule) -> None:
+    """Floats read from attributes or globals (an RMSNorm's ``eps``) become constants of the
+    graph: Dynamo retraces with them specialized (``TensorifyScalarRestartAnalysis``, PyTorch's
+    own mechanism for floats it cannot keep as tensors), guarded by value. Left as inputs, each
+    is converted to a 0-d tensor and checked for NaN by a Python guard on every call; TorchAir
+    (PyTorch 2.1, floats specialized) bakes them in too. Floats passed as call arguments stay
+    inputs. ``TORCHAIR_SPECIALIZE_ATTRIBUTE_FLOATS=0`` keeps every float an input."""
+    if not env_switch(ENV_SPECIALIZE_FLOATS):
+        return
+    try:
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+        from torch._dynamo.symbolic_convert import TensorifyState
+    except ImportError:  # a PyTorch without the mechanism: floats stay inputs
+        return
+    names = [name for node in gm.graph.find_nodes(op="placeholder")
+             for name in [_attribute_float_symbol(node)]
+             if name is not None and not TensorifyState.should_specialize(name)]
+    if not names:
+        return
+    for name in names:
+        TensorifyState.specialize(name)
+    logger.debug("%d float(s) read from attributes or globals specialized (constants of the "
+                 "graph, guarded by value); Dynamo retraces the frame", len(names))
+    raise TensorifyScalarRestartAnalysis
 
 
 def _eager_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:

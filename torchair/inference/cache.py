@@ -224,10 +224,10 @@ class CachedFunction:
 
     def _dynamo(self) -> Callable:
         if self.compiled is None:
-            from torchair.core.backend import get_npu_backend
+            from torchair.core.backend import npu_backend
 
-            backend = get_npu_backend(compiler_config=self.config,
-                                      custom_decompositions=self.decompositions)
+            # floats stay inputs: the per-call checks read arguments, not attributes
+            backend = npu_backend(self.config, self.decompositions, specialize_floats=False)
             self.compiled = torch.compile(self.func, backend=backend, dynamic=self.dynamic,
                                           fullgraph=True, **self.compile_kwargs)
         return self.compiled
@@ -612,11 +612,11 @@ class _ColdState:
 
 
 def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
-    from torchair.core.backend import get_npu_backend
+    from torchair.core.backend import npu_backend
     from torchair.inference import _guards
 
-    inner = get_npu_backend(compiler_config=owner.config,
-                            custom_decompositions=owner.decompositions)
+    # floats stay inputs: the per-call checks read arguments, not attributes
+    inner = npu_backend(owner.config, owner.decompositions, specialize_floats=False)
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
