@@ -71,8 +71,9 @@ def test_a_changed_attribute_float_recompiles_never_stale(x):
         for eps in (1e-6, 0.5, 0.5, 3.0, 1e-6):
             model.eps = eps
             torch.testing.assert_close(compiled(x, 1.0), model(x, 1.0))
-    # one graph per distinct value; the guard on the value selects among them
-    assert len(_reports_since(before)) == 3
+    # the first value as a constant; after the change the float is an input (one more graph);
+    # the constant graph's guard still selects it for its own value
+    assert len(_reports_since(before)) == 2
 
 
 def test_changed_global_float_recompiles_never_stale(x, monkeypatch):
@@ -130,3 +131,45 @@ def test_symbol_helper_ignores_tensors_and_arguments():
     assert eps and all(isinstance(v, str) and v.startswith("zf") for v in eps)
     assert all(v is None for k, v in names.items() if "gain" in k or k == "l_x_")
     assert all(v is None for k, v in names.items() if "weight" in k)
+
+
+def test_a_float_that_keeps_changing_becomes_an_input_after_one_change(x):
+    """Automatic dynamic, as Dynamo does for ints: a per-call attribute (a sampling temperature)
+    costs one more graph, not one per value, and never a stale result."""
+    torch._dynamo.reset()
+    model = Norm().eval()
+    compiled = _compile(model)
+    before = len(torchair.graph_reports())
+    with torch.no_grad():
+        for step in range(12):
+            model.eps = 1e-6 * (step + 1)
+            torch.testing.assert_close(compiled(x, 1.0), model(x, 1.0))
+    reports = _reports_since(before)
+    assert len(reports) == 2  # the first value as a constant, then one graph with it an input
+    assert not any("eps" in n for n in _input_names(reports[0]))
+    assert any("eps" in n for n in _input_names(reports[1]))
+
+
+def test_specialization_does_not_leak_into_other_compiles(x):
+    """PyTorch keeps its set of floats to specialize after a compile and symbol names repeat
+    across compiles: a later, unrelated function's argument float must stay an input."""
+    from torch._dynamo.symbolic_convert import TensorifyState
+
+    torch._dynamo.reset()
+    model = Norm().eval()
+    with torch.no_grad():
+        _compile(model)(x, 1.0)
+    assert not (_backend_mod._ours & TensorifyState.force_specializations)
+    calls = []
+
+    def counting(gm, example_inputs):
+        calls.append(1)
+        return gm.forward
+
+    def other(t, alpha: float):
+        return t * alpha
+
+    f = torch.compile(other, backend=counting, dynamic=True, fullgraph=True)
+    for alpha in (0.5, 1.5, 2.5, 3.5):
+        torch.testing.assert_close(f(x, alpha), x * alpha)
+    assert len(calls) == 1  # alpha stayed an input: one graph

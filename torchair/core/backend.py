@@ -5,6 +5,7 @@ KV-cache writes kept as ``copy_`` into the input) and then through :mod:`torchai
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -117,15 +118,17 @@ def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: d
     return backend
 
 
-def _attribute_float_symbol(node: fx.Node) -> str | None:
-    """The symbol (``zf0``, ...) of a float that Dynamo passes as a 0-d tensor (it does so with
-    ``dynamic=True``: ``specialize_float`` is off) when the float is read from an attribute or
-    a global (``self.eps``, ``self.cfg.scale``, ``EPS``), not a call argument; None otherwise."""
+def _attribute_float(node: fx.Node) -> tuple[str, str, float] | None:
+    """``(symbol, source name, value)`` of a float that Dynamo passes as a 0-d tensor (it does
+    so with ``dynamic=True``: ``specialize_float`` is off) when the float is read from an
+    attribute or a global (``self.eps``, ``self.cfg.scale``, ``EPS``), not a call argument;
+    None otherwise."""
     grapharg = node.meta.get("grapharg")
     if (grapharg is None or not getattr(grapharg, "pass_arg_as_tensor", False)
             or getattr(grapharg, "is_tensor", True)):
         return None
-    source, attribute = getattr(grapharg, "source", None), False
+    source = getattr(grapharg, "source", None)
+    name, attribute = getattr(source, "name", None), False
     while source is not None:  # an attribute anywhere on the chain, or a global at its root
         kind = type(source).__name__
         attribute = attribute or kind == "AttrSource" or kind.startswith("Global")
@@ -133,8 +136,72 @@ def _attribute_float_symbol(node: fx.Node) -> str | None:
     if not attribute or not node.users or any(u.target != "item" for u in node.users):
         return None
     memo = getattr(node.meta.get("example_value"), "item_memo", None)
-    name = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
-    return name if isinstance(name, str) else None
+    symbol = getattr(getattr(getattr(memo, "node", None), "_expr", None), "name", None)
+    try:
+        value = float(grapharg.example)
+    except Exception:  # noqa: BLE001 - no real value to remember: leave the float an input
+        return None
+    if not isinstance(symbol, str) or not isinstance(name, str):
+        return None
+    return symbol, name, value
+
+
+def _attribute_float_symbol(node: fx.Node) -> str | None:
+    """The symbol (``zf0``, ...) of :func:`_attribute_float`, or None."""
+    found = _attribute_float(node)
+    return found[0] if found is not None else None
+
+
+# per code object: source name -> the value its float was specialized to, or _DYNAMIC once the
+# value changed (automatic dynamic, as Dynamo does for ints: constant until it changes)
+_DYNAMIC = object()
+_float_history: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+# symbols this module asked Dynamo to specialize: PyTorch keeps TensorifyState's set after a
+# successful compile, and symbol names (zf0, ...) repeat in every compile, so ours are taken
+# out again when the compile that used them ends (Dynamo's end-of-compile callback; AOT's own
+# float pass must still find them during that compile)
+_ours: set[str] = set()
+_end_callback: list = []
+
+
+def _forget_ours(*_: Any) -> None:
+    try:
+        from torch._dynamo.symbolic_convert import TensorifyState
+    except ImportError:
+        return
+    for symbol in list(_ours):
+        TensorifyState.force_specializations.discard(symbol)
+    _ours.clear()
+
+
+def _on_compile_end() -> bool:
+    """Have :func:`_forget_ours` run when each Dynamo compile ends; False when this PyTorch has
+    no end-of-compile callbacks (then nothing is specialized). ``torch._dynamo.reset()`` drops
+    the callbacks: that is also when the values remembered per code object are forgotten."""
+    handler = getattr(torch._dynamo, "callback_handler", None)
+    callbacks = getattr(handler, "end_callbacks", None)
+    register = getattr(handler, "register_end_callback", None)
+    if register is None or not isinstance(callbacks, list):
+        return False
+    if _forget_ours not in callbacks:
+        if _end_callback:  # registered before and dropped: Dynamo was reset
+            _float_history.clear()
+            _forget_ours()
+        register(_forget_ours)
+        _end_callback[:] = [True]
+    return True
+
+
+def _frame_code() -> Any:
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        return getattr(tx, "f_code", None)
+    except Exception:  # noqa: BLE001 - not inside Dynamo's tracing (a direct backend call)
+        return None
 
 
 def _specialize_attribute_floats(gm: fx.GraphModule) -> None:
@@ -143,7 +210,9 @@ def _specialize_attribute_floats(gm: fx.GraphModule) -> None:
     own mechanism for floats it cannot keep as tensors), guarded by value. Left as inputs, each
     is converted to a 0-d tensor and checked for NaN by a Python guard on every call; TorchAir
     (PyTorch 2.1, floats specialized) bakes them in too. Floats passed as call arguments stay
-    inputs. ``TORCHAIR_SPECIALIZE_ATTRIBUTE_FLOATS=0`` keeps every float an input."""
+    inputs, and so does a float whose value changed since an earlier compile of the same code
+    (a per-request temperature: one more graph, not one per value).
+    ``TORCHAIR_SPECIALIZE_ATTRIBUTE_FLOATS=0`` keeps every float an input."""
     if not env_switch(ENV_SPECIALIZE_FLOATS):
         return
     try:
@@ -151,15 +220,36 @@ def _specialize_attribute_floats(gm: fx.GraphModule) -> None:
         from torch._dynamo.symbolic_convert import TensorifyState
     except ImportError:  # a PyTorch without the mechanism: floats stay inputs
         return
-    names = [name for node in gm.graph.find_nodes(op="placeholder")
-             for name in [_attribute_float_symbol(node)]
-             if name is not None and not TensorifyState.should_specialize(name)]
-    if not names:
+    if not hasattr(TensorifyState, "force_specializations") or not _on_compile_end():
         return
-    for name in names:
-        TensorifyState.specialize(name)
+    code = _frame_code()
+    try:
+        history = _float_history.setdefault(code, {}) if code is not None else {}
+    except TypeError:  # not weak-referenceable
+        history = {}
+    symbols = []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        found = _attribute_float(node)
+        if found is None or TensorifyState.should_specialize(found[0]):
+            continue
+        symbol, name, value = found
+        seen = history.get(name)
+        if seen is _DYNAMIC:
+            continue
+        if seen is not None and seen != value:
+            history[name] = _DYNAMIC
+            logger.info("%s changed value (%r -> %r) since it was compiled as a constant: it "
+                        "stays a graph input from now on", name, seen, value)
+            continue
+        history[name] = value
+        symbols.append(symbol)
+    if not symbols:
+        return
+    for symbol in symbols:
+        TensorifyState.specialize(symbol)
+        _ours.add(symbol)
     logger.debug("%d float(s) read from attributes or globals specialized (constants of the "
-                 "graph, guarded by value); Dynamo retraces the frame", len(names))
+                 "graph, guarded by value); Dynamo retraces the frame", len(symbols))
     raise TensorifyScalarRestartAnalysis
 
 
