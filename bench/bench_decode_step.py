@@ -21,6 +21,12 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
   fresh temporary cache directory): the first call compiles and saves, the later calls run the
   launch unit from the entry without Dynamo, checking the guards on the call's arguments and
   the process state (``$TORCHAIR_CACHE_GUARDS``, default ``arguments``).
+- ``torchair-skipguards``: ``torchair`` called under PyTorch's
+  ``torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)`` (entered around each
+  call after the first, which compiles): Dynamo runs only the guards that tell its cache
+  entries apart (none, with one entry).
+  A user's opt-in, unsafe when anything guarded changes between calls; shows what Dynamo's
+  guard evaluation costs per step.
 - ``torchair-nodynamo``: ``torchair``'s compiled function called directly with Dynamo's
   flattened arguments: the step minus Dynamo's per-call work (frame, guards, argument
   extraction). A diagnostic of where the time goes (nothing is guarded), not a way to call a
@@ -65,7 +71,7 @@ from torchair.demo._roofline import (GemvFloor, floor_us, kv_read_bytes,  # noqa
 FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight GEMVs alone
 
 ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-cache", "torchair-fx",
-                "torchair-nodynamo",
+                "torchair-skipguards", "torchair-nodynamo",
                 "reduce-overhead")
 
 
@@ -287,6 +293,22 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
         compiled = torch.compile(model, backend=_torchair_backend(True), dynamic=True,
                                  fullgraph=True)
         describe = "torchair path 4 with debug.run_eagerly=True (FX engine)"
+    elif name == "torchair-skipguards":
+        inner = torch.compile(model, backend=_torchair_backend(False), dynamic=True,
+                              fullgraph=True)
+
+        warmed: list[bool] = []
+
+        def compiled(*args):
+            if not warmed:  # the stance refuses to compile: the first call compiles outside it
+                warmed.append(True)
+                return inner(*args)
+            with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                return inner(*args)
+
+        describe = ("torchair path 4 under torch.compiler.set_stance(skip_guard_eval_unsafe="
+                    "True): only the guards that tell cache entries apart (a user's opt-in, "
+                    "unsafe if guarded state changes)")
     elif name == "torchair-nodynamo":
         compiled = _NoDynamo().bind(model)
         describe = ("torchair path 4's compiled function called directly with Dynamo's flat "

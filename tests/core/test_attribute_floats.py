@@ -152,24 +152,62 @@ def test_a_float_that_keeps_changing_becomes_an_input_after_one_change(x):
 
 def test_specialization_does_not_leak_into_other_compiles(x):
     """PyTorch keeps its set of floats to specialize after a compile and symbol names repeat
-    across compiles: a later, unrelated function's argument float must stay an input."""
+    across compiles: ours leave it when the compile has used them, also while another session
+    of Dynamo's compile callbacks is open (a lazy backward compile in another thread keeps
+    Dynamo's end-of-compile callbacks from running)."""
+    from torch._dynamo.callback import CallbackTrigger
     from torch._dynamo.symbolic_convert import TensorifyState
 
     torch._dynamo.reset()
     model = Norm().eval()
+    with torch._dynamo.callback_handler.install_callbacks(CallbackTrigger.LAZY_BACKWARD, "0"):
+        with torch.no_grad():
+            _compile(model)(x, 1.0)
+        assert not _backend_mod._ours
+        assert not TensorifyState.force_specializations
+
+
+def test_dynamic_none_changed_float_costs_no_extra_graph(x):
+    """dynamic=None: Dynamo keeps floats constant itself and passes one as an input only after
+    its value changed; torchair then leaves it an input (same graph count as with the switch
+    off)."""
+    counts = {}
+    for switch in ("1", "0"):
+        os_env = {_backend_mod.ENV_SPECIALIZE_FLOATS: switch}
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in os_env.items():
+                mp.setenv(k, v)
+            torch._dynamo.reset()
+            model = Norm().eval()
+            config = torchair.CompilerConfig()
+            config.debug.run_eagerly = True
+            compiled = torch.compile(model, fullgraph=True,
+                                     backend=torchair.get_npu_backend(compiler_config=config))
+            before = len(torchair.graph_reports())
+            with torch.no_grad():
+                for eps in (1e-6, 0.5, 0.25, 3.0):
+                    model.eps = eps
+                    torch.testing.assert_close(compiled(x, 1.0), model(x, 1.0))
+            counts[switch] = len(_reports_since(before))
+    assert counts["1"] == counts["0"] == 2
+
+
+def test_zero_float_stays_an_input_so_its_sign_is_seen(x):
+    """A value guard cannot tell 0.0 from -0.0, and 1 / x can: a zero float is not baked in."""
+    class Div(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eps = 0.0
+
+        def forward(self, t):
+            return t / self.eps
+
+    torch._dynamo.reset()
+    model = Div()
+    compiled = _compile(model)
+    t = torch.ones(3)
+    torch._dynamo.mark_static(t)
     with torch.no_grad():
-        _compile(model)(x, 1.0)
-    assert not (_backend_mod._ours & TensorifyState.force_specializations)
-    calls = []
-
-    def counting(gm, example_inputs):
-        calls.append(1)
-        return gm.forward
-
-    def other(t, alpha: float):
-        return t * alpha
-
-    f = torch.compile(other, backend=counting, dynamic=True, fullgraph=True)
-    for alpha in (0.5, 1.5, 2.5, 3.5):
-        torch.testing.assert_close(f(x, alpha), x * alpha)
-    assert len(calls) == 1  # alpha stayed an input: one graph
+        for eps in (0.0, -0.0, 0.0):
+            model.eps = eps
+            torch.testing.assert_close(compiled(t), model(t))

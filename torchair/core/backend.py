@@ -107,12 +107,19 @@ def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: d
             logger.warning("torchair compiles inference graphs; inputs require grad under grad "
                            "mode, so the forward graph is compiled and the backward runs op by "
                            "op. Wrap inference in torch.no_grad() or torch.inference_mode().")
-        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler,
-                                     bw_compiler=_eager_compiler,
-                                     inference_compiler=compiler,
-                                     decompositions=decompositions,
-                                     keep_inference_input_mutations=config.get(
-                                         "experimental_config.keep_inference_input_mutations"))
+        try:
+            compiled = aot_module_simplified(
+                gm, example_inputs, fw_compiler=compiler, bw_compiler=_eager_compiler,
+                inference_compiler=compiler, decompositions=decompositions,
+                keep_inference_input_mutations=config.get(
+                    "experimental_config.keep_inference_input_mutations"))
+        except _restart_types():
+            raise  # a retrace of this frame still needs the floats it specializes
+        except BaseException:
+            _forget_ours()
+            raise
+        _forget_ours()  # this retrace (and AOT's own float pass) has used them
+        return compiled
 
     backend.compiler_config = config  # type: ignore[attr-defined]
     return backend
@@ -160,8 +167,9 @@ _float_history: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakK
 
 # symbols this module asked Dynamo to specialize: PyTorch keeps TensorifyState's set after a
 # successful compile, and symbol names (zf0, ...) repeat in every compile, so ours are taken
-# out again when the compile that used them ends (Dynamo's end-of-compile callback; AOT's own
-# float pass must still find them during that compile)
+# out again once the retrace and AOT's own float pass have used them (after the backend's AOT
+# call; Dynamo's end-of-compile callback as a backstop, which does not run while another
+# thread holds a compile-callback session)
 _ours: set[str] = set()
 _end_callback: list = []
 
@@ -194,6 +202,11 @@ def _on_compile_end() -> bool:
     return True
 
 
+def _restart_types() -> tuple:
+    restart = getattr(torch._dynamo.exc, "RestartAnalysis", None)
+    return (restart,) if isinstance(restart, type) else ()
+
+
 def _frame_code() -> Any:
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
@@ -220,7 +233,15 @@ def _specialize_attribute_floats(gm: fx.GraphModule) -> None:
         from torch._dynamo.symbolic_convert import TensorifyState
     except ImportError:  # a PyTorch without the mechanism: floats stay inputs
         return
-    if not hasattr(TensorifyState, "force_specializations") or not _on_compile_end():
+    from torch._dynamo.output_graph import OutputGraph
+
+    if (not hasattr(TensorifyState, "force_specializations")
+            or not hasattr(OutputGraph, "remove_tensorify_specialized_graphargs")
+            or not _on_compile_end()):
+        return
+    if torch._dynamo.config.assume_static_by_default:
+        # dynamic=None/False: Dynamo keeps floats constant itself and passes one as an input
+        # only after it saw its value change (automatic dynamic): it stays an input
         return
     code = _frame_code()
     try:
@@ -233,6 +254,8 @@ def _specialize_attribute_floats(gm: fx.GraphModule) -> None:
         if found is None or TensorifyState.should_specialize(found[0]):
             continue
         symbol, name, value = found
+        if value == 0.0:  # the value guard cannot tell 0.0 from -0.0 (1 / x differs): an input
+            continue
         seen = history.get(name)
         if seen is _DYNAMIC:
             continue
