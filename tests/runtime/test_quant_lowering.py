@@ -93,8 +93,9 @@ def test_switch_off_calls_the_ops_bit_exact(monkeypatch):
         assert _quant_op_calls(compiled, x, r)
 
 
-def test_per_expert_smooth_scales_are_not_lowered():
-    """group_index selects rows by tensor values: the op stays a call (and stays exact)."""
+def test_per_expert_smooth_scales_are_lowered():
+    """group_index (cumulative row ends per expert) maps rows to experts with tensor ops, so
+    calls with it are lowered like the others."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x = torch.randn(4, 16)
@@ -106,9 +107,54 @@ def test_per_expert_smooth_scales_are_not_lowered():
     def plain(x):
         return npu.npu_dynamic_quant(x)
 
-    assert engines.lower_to_formulas(make_fx(experts)(x, smooth, groups)) == 0
+    assert engines.lower_to_formulas(make_fx(experts)(x, smooth, groups)) == 1
     assert engines.lower_to_formulas(make_fx(plain)(x)) == 1
     assert engines.lower_to_formulas(make_fx(plain)(x), quant=False) == 0
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_per_expert_quant_in_a_unit_follows_group_index_values(index_dtype):
+    """npu_dynamic_quant with group_index inside a CPU static unit: generated code, no op call
+    per step, within one quantization step of eager, and the expert of each row follows the
+    group_index values of every call (an input whose values change, not baked in at build),
+    including ends past the last row, repeated ends (an empty expert) and rows after the last
+    end (the last expert)."""
+    gen = torch.Generator().manual_seed(5)
+    rows, h, experts = 7, 32, 3
+    smooth = torch.rand(experts, h, generator=gen) + 0.5
+
+    class Experts(torch.nn.Module):
+        def forward(self, x, groups):
+            y, scale = npu.npu_dynamic_quant(x * 2.0, smooth_scales=smooth, group_index=groups)
+            return y, scale
+
+    module = Experts()
+    x = torch.randn(rows, h, generator=gen)
+    groups = torch.tensor([2, 5, 7], dtype=index_dtype)
+    torch._dynamo.reset()
+    for t in (x, groups):
+        torch._dynamo.mark_static(t)
+    config = torchair.CompilerConfig()
+    config.experimental_config.tiling_schedule_optimize = True
+    compiled = torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
+                             dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        compiled(x, groups)
+        assert torchair.graph_reports()[-1].build_static
+        for ends in ([2, 5, 7], [0, 3, 3], [1, 2, 9], [6, 6, 6], [0, 0, 0]):
+            x = torch.randn(rows, h, generator=gen)
+            groups = torch.tensor(ends, dtype=index_dtype)
+            (y, scale), (wy, wscale) = compiled(x, groups), module(x, groups)
+            assert torch.allclose(scale, wscale, rtol=1e-6, atol=0), ends
+            assert (y.int() - wy.int()).abs().max() <= 1, ends
+            # the reference formula, rows picked independently of the op's helper
+            expert = torch.tensor([min(sum(int(e) <= r for e in ends), experts - 1)
+                                   for r in range(rows)])
+            scaled = x * 2.0 * smooth[expert]
+            assert torch.allclose(wscale, scaled.abs().amax(-1) / 127, rtol=1e-6, atol=0), ends
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            compiled(x, groups)
+        assert not [e.name for e in prof.events() if e.name == "npu::npu_dynamic_quant"]
 
 
 @pytest.mark.parametrize("grouped", [False, True])

@@ -109,13 +109,10 @@ def lower_to_formulas(gm: fx.GraphModule, quant: bool = True) -> int:
     for a fixed-shape Inductor build (the formula's shape checks would guard on symbolic
     shapes); ``quant=False`` leaves the quantization ops as calls. Returns how many calls were
     replaced."""
-    from torchair.ops.quant.lowered import lowerable
-
     table = _formulas(quant)
     count = 0
     for node in gm.graph.nodes:
-        if (node.op == "call_function" and node.target in table
-                and lowerable(node.target, node.kwargs)):
+        if node.op == "call_function" and node.target in table:
             if "self" in node.kwargs:  # the schema's name of npu_rms_norm's input
                 kwargs = dict(node.kwargs)
                 node.args = (kwargs.pop("self"), *node.args)

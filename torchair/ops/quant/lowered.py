@@ -9,6 +9,10 @@ replaces them with the functions here, which Inductor traces with the unit's fix
 checks run once, at build time, and the arithmetic becomes generated code fused with its
 neighbours (the norm and the quantization of ``npu_add_rms_norm_dynamic_quant`` in one loop).
 
+Per-expert smooth scales (``npu_dynamic_quant``'s ``group_index``) and token groups
+(``npu_dequant_swiglu_quant``'s) map rows to experts with tensor ops (``searchsorted`` over the
+cumulative ends, read at run time), so those calls are lowered too.
+
 The formulas are the references of the op modules, with one change: the int8 product of
 ``npu_quant_matmul`` is exact int32 either way, through ``torch._int_mm`` where the CPU kernel
 chose it for the shape (:func:`decide_int8_gemm`, timed before tracing) or float32 slices of K.
@@ -27,17 +31,7 @@ from torchair.ops.quant.quant_matmul import (prepare_quant_matmul,
                                              quant_matmul_epilogue_reference)
 
 __all__ = ["add_rms_norm_dynamic_quant_formula", "decide_int8_gemm", "dequant_swiglu_quant_formula",
-           "dynamic_quant_formula", "lowerable", "quant_matmul_formula"]
-
-
-def lowerable(target, kwargs: dict) -> bool:
-    """Whether a call can be lowered: ``npu_dynamic_quant``'s per-expert smooth scales
-    (``group_index``) pick rows by tensor values on the host, which a traced formula cannot
-    (``npu_dequant_swiglu_quant`` maps its groups with tensor ops: always lowerable)."""
-    if getattr(target, "_schema", None) is not None and \
-            target._schema.name.endswith("npu_dynamic_quant"):
-        return kwargs.get("group_index") is None
-    return True
+           "dynamic_quant_formula", "quant_matmul_formula"]
 
 
 def dynamic_quant_formula(input, *, smooth_scales=None, group_index=None, dst_type=None):
