@@ -98,9 +98,15 @@ def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: d
         if specialize_floats:
             _specialize_attribute_floats(gm)
         signature = _signature(gm, example_inputs)
+        # AOT's runtime wrapper turns autocast off around a graph compiled under it
+        built: dict[str, Any] = {"autocast": torch._C._is_any_autocast_enabled()}
 
         def compiler(aot_gm: fx.GraphModule, aot_inputs: Sequence[Any]) -> Callable:
-            return compile_graph(aot_gm, aot_inputs, config, signature)
+            unit = compile_graph(aot_gm, aot_inputs, config, signature)
+            context = torch._guards.TracingContext.try_get()
+            built.update(unit=unit, meta=getattr(context, "fw_metadata", None),
+                         placeholders=len(aot_gm.graph.find_nodes(op="placeholder")))
+            return unit
 
         if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                            for x in example_inputs):
@@ -119,10 +125,50 @@ def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: d
             _forget_ours()
             raise
         _forget_ours()  # this retrace (and AOT's own float pass) has used them
-        return compiled
+        return _direct_call(built, example_inputs) or compiled
 
     backend.compiler_config = config  # type: ignore[attr-defined]
     return backend
+
+
+def _direct_call(built: dict, example_inputs: Sequence[Any]) -> Callable | None:
+    """The launch unit called without AOT autograd's runtime wrapper when that wrapper would only
+    pass the arguments through (:func:`torchair.runtime.engines.plain_aot_call`: no input
+    mutation left to it, no aliased output, no autocast at build time, ...): about 7 us of
+    wrapper per step, more inside a decode loop. Like the wrapper it turns grad mode off around
+    the call and bumps the version of inputs the graph mutates that autograd tracks.
+    ``TORCHAIR_DIRECT_CALL=0`` keeps the wrapper. None when the wrapper is needed."""
+    from torchair.runtime import engines as _engines
+
+    if "unit" not in built or not env_switch(_engines.ENV_DIRECT):
+        return None
+    if not all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in example_inputs
+               if isinstance(x, torch.Tensor)):
+        return None  # a tensor subclass is unwrapped by the wrapper
+    bump = _engines.plain_aot_call(built["meta"], built["placeholders"], len(example_inputs),
+                                   built["autocast"])
+    if bump is None:
+        return None
+    unit = built["unit"]
+    set_grad = torch._C._set_grad_enabled
+    if bump:
+        from torch.autograd.graph import increment_version
+
+    def run(*args: Any) -> Any:
+        grad = torch.is_grad_enabled()
+        if grad:
+            set_grad(False)
+        try:
+            outputs = unit(list(args))
+        finally:
+            if grad:
+                set_grad(True)
+        if bump:
+            increment_version([args[i] for i in bump])
+        return outputs
+
+    run.direct = True  # type: ignore[attr-defined]
+    return run
 
 
 def _attribute_float(node: fx.Node) -> tuple[str, str, float] | None:

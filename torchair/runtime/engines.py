@@ -187,25 +187,40 @@ class _Inner:
         tracks, done here too): every input mutation stays in the graph, no output aliases an input or an intermediate, no effect tokens,
         no tensor subclass, not compiled under autocast, and the graph takes exactly the unit's
         arguments (no deduplicated or synthetic-base inputs). None otherwise."""
-        meta = self.metadata
-        if (self.compiled is None or meta is None or self.placeholders != n_inputs
-                or self.autocast):
+        if self.compiled is None:
             return None
-        try:
-            plain = (not meta.mutated_inp_runtime_indices and not meta.tokens
-                     and all(o.output_type.name == "non_alias" for o in meta.output_info)
-                     and meta.num_intermediate_bases == 0
-                     and not any(type(m).__name__ == "SubclassCreationMeta"
-                                 for m in (meta.subclass_inp_meta or ()))
-                     and not any(type(m).__name__ == "SubclassCreationMeta"
-                                 for m in (meta.subclass_fw_graph_out_meta or ())))
-        except AttributeError:  # another PyTorch's metadata: keep the wrapper
-            return None
-        if not plain:
-            return None
-        # inputs mutated in the graph that autograd tracks: the wrapper bumps their version
-        bump = tuple(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", ()) or ())
-        return _direct_engine(self.compiled, bump)
+        bump = plain_aot_call(self.metadata, self.placeholders, n_inputs, self.autocast)
+        return None if bump is None else _direct_engine(self.compiled, bump)
+
+
+def plain_aot_call(meta: Any, placeholders: int, n_inputs: int, autocast: bool
+                   ) -> tuple[int, ...] | None:
+    """Whether AOT autograd's runtime wrapper around a graph compiled with forward metadata
+    ``meta`` (``TracingContext.fw_metadata``) would only pass the arguments through: every input
+    mutation stays in the graph, no output aliases an input or an intermediate, no effect tokens,
+    no tensor subclass, no functionalized RNG, not compiled under autocast, and the graph takes
+    exactly the caller's ``n_inputs`` arguments (no deduplicated or synthetic-base inputs), no
+    output with dimensions to mark dynamic, no grad-mode change to replay.
+    Returns the indices of inputs mutated in the graph that autograd tracks (the wrapper bumps
+    their version counter; so must a direct caller), or None when the wrapper does more."""
+    if meta is None or placeholders != n_inputs or autocast:
+        return None
+    try:
+        plain = (not meta.mutated_inp_runtime_indices and not meta.tokens
+                 and all(o.output_type.name == "non_alias" for o in meta.output_info)
+                 and meta.num_intermediate_bases == 0
+                 and not getattr(meta, "is_rng_op_functionalized", False)
+                 and not getattr(meta, "dynamic_outputs", False)
+                 and getattr(meta, "grad_enabled_mutation", None) is None
+                 and not any(type(m).__name__ == "SubclassCreationMeta"
+                             for m in (meta.subclass_inp_meta or ()))
+                 and not any(type(m).__name__ == "SubclassCreationMeta"
+                             for m in (meta.subclass_fw_graph_out_meta or ())))
+    except AttributeError:  # another PyTorch's metadata: keep the wrapper
+        return None
+    if not plain:
+        return None
+    return tuple(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", ()) or ())
 
 
 def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, static: bool,
