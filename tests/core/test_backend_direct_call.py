@@ -140,3 +140,36 @@ def test_plain_aot_call_refuses_what_the_wrapper_must_do():
         assert engines.plain_aot_call(meta, 2, 2, False) is None, field
     assert engines.plain_aot_call(None, 2, 2, False) is None
     assert _backend._direct_call({}, []) is None
+
+
+def test_training_graph_keeps_the_wrapper_and_autograd():
+    """Inputs that require grad under grad mode: AOT compiles a training forward (it returns the
+    tensors saved for backward too) and its wrapper builds the autograd node: never direct."""
+    spy = []
+    lin = torch.nn.Linear(4, 3)
+    compiled = _compiled(lambda x: lin(x).relu().sum(), spy)
+    x = _static(torch.randn(2, 4))[0]
+    out = compiled(x)
+    assert spy == [False]
+    assert out.grad_fn is not None
+    out.backward()
+    want = torch.zeros_like(lin.weight)
+    lin_ref = torch.nn.Linear(4, 3)
+    lin_ref.load_state_dict(lin.state_dict())
+    lin_ref(x).relu().sum().backward()
+    assert torch.allclose(lin.weight.grad, lin_ref.weight.grad) and not torch.equal(
+        lin.weight.grad, want)
+
+
+def test_captured_tensor_requiring_grad_after_a_no_grad_call():
+    """The same function first compiled under no_grad (inference, direct), then called with
+    grad on: the recompiled training graph keeps the wrapper and its result has a grad_fn."""
+    spy = []
+    w = torch.randn(3, requires_grad=True)
+    compiled = _compiled(lambda x: x * w, spy)
+    x = _static(torch.randn(3))[0]
+    with torch.no_grad():
+        compiled(x)
+    out = compiled(x)
+    assert spy == [True, False]
+    assert out.requires_grad and out.grad_fn is not None

@@ -102,7 +102,12 @@ def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: d
         built: dict[str, Any] = {"autocast": torch._C._is_any_autocast_enabled()}
 
         def compiler(aot_gm: fx.GraphModule, aot_inputs: Sequence[Any]) -> Callable:
-            unit = compile_graph(aot_gm, aot_inputs, config, signature)
+            return compile_graph(aot_gm, aot_inputs, config, signature)
+
+        def inference_compiler(aot_gm: fx.GraphModule, aot_inputs: Sequence[Any]) -> Callable:
+            # only an inference graph may be called without AOT's wrapper: a training forward
+            # returns the tensors saved for backward too, and the wrapper builds the autograd node
+            unit = compiler(aot_gm, aot_inputs)
             context = torch._guards.TracingContext.try_get()
             built.update(unit=unit, meta=getattr(context, "fw_metadata", None),
                          placeholders=len(aot_gm.graph.find_nodes(op="placeholder")))
@@ -116,7 +121,7 @@ def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: d
         try:
             compiled = aot_module_simplified(
                 gm, example_inputs, fw_compiler=compiler, bw_compiler=_eager_compiler,
-                inference_compiler=compiler, decompositions=decompositions,
+                inference_compiler=inference_compiler, decompositions=decompositions,
                 keep_inference_input_mutations=config.get(
                     "experimental_config.keep_inference_input_mutations"))
         except _restart_types():

@@ -25,7 +25,8 @@ Rounding and edge cases (the same in every kernel):
   (int32/int64 ``[E]``, non-decreasing) holds cumulative row ends: row ``r`` (of the flattened
   leading dims) uses expert ``e = #{j : group_index[j] <= r}``, i.e. rows
   ``[group_index[e-1], group_index[e])`` use ``smooth_scales[e]``; rows at or past
-  ``group_index[-1]`` use the last expert.
+  ``group_index[-1]`` use the last expert. A decreasing ``group_index`` is not checked (that
+  would read it on the host, also inside a static unit) and gives unspecified experts.
 * ``dst_type``: None or ``torch.int8``; the int4 / float8 outputs of Ascend are not supported.
 
 ``npu_add_rms_norm_dynamic_quant`` quantizes the float32 ``y`` (Ascend's kernel keeps ``y`` in
