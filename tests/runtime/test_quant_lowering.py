@@ -41,10 +41,11 @@ class _QuantBlock(torch.nn.Module):
         return z, x_out, q, scale
 
 
-def _compiled(module, x, r):
+def _compiled(module, *static):
+    """``module`` on torchair path 4 (fresh Dynamo state, ``static`` tensors mark_static)."""
     torch._dynamo.reset()
-    torch._dynamo.mark_static(x)
-    torch._dynamo.mark_static(r)
+    for t in static:
+        torch._dynamo.mark_static(t)
     config = torchair.CompilerConfig()
     config.experimental_config.tiling_schedule_optimize = True
     return torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
@@ -131,13 +132,7 @@ def test_per_expert_quant_in_a_unit_follows_group_index_values(index_dtype):
     module = Experts()
     x = torch.randn(rows, h, generator=gen)
     groups = torch.tensor([2, 5, 7], dtype=index_dtype)
-    torch._dynamo.reset()
-    for t in (x, groups):
-        torch._dynamo.mark_static(t)
-    config = torchair.CompilerConfig()
-    config.experimental_config.tiling_schedule_optimize = True
-    compiled = torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
-                             dynamic=True, fullgraph=True)
+    compiled = _compiled(module, x, groups)
     with torch.no_grad():
         compiled(x, groups)
         assert torchair.graph_reports()[-1].build_static
@@ -176,13 +171,7 @@ def test_dequant_swiglu_quant_is_lowered_within_one_step(grouped):
                                                 quant_mode=1)
 
     module = Swiglu()
-    torch._dynamo.reset()
-    for t in (x, act, ws, qs) + ((groups,) if grouped else ()):
-        torch._dynamo.mark_static(t)
-    config = torchair.CompilerConfig()
-    config.experimental_config.tiling_schedule_optimize = True
-    compiled = torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
-                             dynamic=True, fullgraph=True)
+    compiled = _compiled(module, x, act, ws, qs, *((groups,) if grouped else ()))
     with torch.no_grad():
         compiled(x, act)
         assert torchair.graph_reports()[-1].build_static
