@@ -204,12 +204,6 @@ def _attribute_float(node: fx.Node) -> tuple[str, str, float] | None:
     return symbol, name, value
 
 
-def _attribute_float_symbol(node: fx.Node) -> str | None:
-    """The symbol (``zf0``, ...) of :func:`_attribute_float`, or None."""
-    found = _attribute_float(node)
-    return found[0] if found is not None else None
-
-
 # per code object: source name -> the value its float was specialized to, or _DYNAMIC once the
 # value changed (automatic dynamic, as Dynamo does for ints: constant until it changes)
 _DYNAMIC = object()
@@ -222,7 +216,7 @@ _float_history: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakK
 # call; Dynamo's end-of-compile callback as a backstop, which does not run while another
 # thread holds a compile-callback session)
 _ours: set[str] = set()
-_end_callback: list = []
+_registered = False  # _forget_ours was registered as an end-of-compile callback
 
 
 def _forget_ours(*_: Any) -> None:
@@ -244,12 +238,13 @@ def _on_compile_end() -> bool:
     register = getattr(handler, "register_end_callback", None)
     if register is None or not isinstance(callbacks, list):
         return False
+    global _registered
     if _forget_ours not in callbacks:
-        if _end_callback:  # registered before and dropped: Dynamo was reset
+        if _registered:  # registered before and dropped: Dynamo was reset
             _float_history.clear()
             _forget_ours()
         register(_forget_ours)
-        _end_callback[:] = [True]
+        _registered = True
     return True
 
 

@@ -70,13 +70,15 @@ def _formulas(quant: bool = True) -> dict:
              npu.npu_add_rms_norm.default: norm.add_rms_norm_reference,
              npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference}
     if quant:
+        from torchair.ops.quant import dequant_swiglu_quant as swiglu
+        from torchair.ops.quant import dynamic_quant as dq
         from torchair.ops.quant import lowered
 
         table.update({
-            npu.npu_dynamic_quant.default: lowered.dynamic_quant_formula,
-            npu.npu_add_rms_norm_dynamic_quant.default: lowered.add_rms_norm_dynamic_quant_formula,
+            npu.npu_dynamic_quant.default: dq.dynamic_quant_reference,
+            npu.npu_add_rms_norm_dynamic_quant.default: dq.add_rms_norm_dynamic_quant_reference,
             npu.npu_quant_matmul.default: lowered.quant_matmul_formula,
-            npu.npu_dequant_swiglu_quant.default: lowered.dequant_swiglu_quant_formula})
+            npu.npu_dequant_swiglu_quant.default: swiglu.dequant_swiglu_quant_reference})
     return table
 
 

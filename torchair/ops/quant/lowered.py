@@ -13,7 +13,9 @@ Per-expert smooth scales (``npu_dynamic_quant``'s ``group_index``) and token gro
 (``npu_dequant_swiglu_quant``'s) map rows to experts with tensor ops (``searchsorted`` over the
 cumulative ends, read at run time), so those calls are lowered too.
 
-The formulas are the references of the op modules, with one change: the int8 product of
+The formulas are the references of the op modules (``dynamic_quant_reference``,
+``add_rms_norm_dynamic_quant_reference``, ``dequant_swiglu_quant_reference``, used as they are),
+with one change, :func:`quant_matmul_formula`: the int8 product of
 ``npu_quant_matmul`` is exact int32 either way, through ``torch._int_mm`` where the CPU kernel
 chose it for the shape (:func:`decide_int8_gemm`, timed before tracing) or float32 slices of K.
 Fused float arithmetic may round differently from the eager kernels in the last bit, so an int8
@@ -24,35 +26,10 @@ from __future__ import annotations
 import torch
 
 from torchair.ops.quant import cpu as _cpu
-from torchair.ops.quant.dequant_swiglu_quant import dequant_swiglu_quant_reference
-from torchair.ops.quant.dynamic_quant import (add_rms_norm_dynamic_quant_reference,
-                                              dynamic_quant_reference)
 from torchair.ops.quant.quant_matmul import (prepare_quant_matmul,
                                              quant_matmul_epilogue_reference)
 
-__all__ = ["add_rms_norm_dynamic_quant_formula", "decide_int8_gemm", "dequant_swiglu_quant_formula",
-           "dynamic_quant_formula", "quant_matmul_formula"]
-
-
-def dynamic_quant_formula(input, *, smooth_scales=None, group_index=None, dst_type=None):
-    return dynamic_quant_reference(input, smooth_scales=smooth_scales, group_index=group_index,
-                                   dst_type=dst_type)
-
-
-def add_rms_norm_dynamic_quant_formula(x1, x2, gamma, *, smooth_scale1=None, smooth_scale2=None,
-                                       beta=None, epsilon=1e-6, output_mask=()):
-    return add_rms_norm_dynamic_quant_reference(
-        x1, x2, gamma, smooth_scale1=smooth_scale1, smooth_scale2=smooth_scale2, beta=beta,
-        epsilon=epsilon, output_mask=output_mask)
-
-
-def dequant_swiglu_quant_formula(x, *, weight_scale=None, activation_scale=None, bias=None,
-                                 quant_scale=None, quant_offset=None, group_index=None,
-                                 activate_left=False, quant_mode=0):
-    return dequant_swiglu_quant_reference(
-        x, weight_scale=weight_scale, activation_scale=activation_scale, bias=bias,
-        quant_scale=quant_scale, quant_offset=quant_offset, group_index=group_index,
-        activate_left=activate_left, quant_mode=quant_mode)
+__all__ = ["decide_int8_gemm", "quant_matmul_formula"]
 
 
 def decide_int8_gemm(x1_shape, x2_shape) -> None:
