@@ -10,6 +10,7 @@ shapes or captured as a CUDA graph, and new values never recompile.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -33,6 +34,9 @@ class HostScalarProgram:
     steps: tuple[tuple[Callable, tuple, dict], ...]  # scalar arithmetic and checks, in order
     slots: tuple[Any, ...]  # per buffer element: a _Ref into the values, or a constant int
     input_names: tuple[str, ...] = ()
+    # the compiled form of the program (built at the first call; see _compile_program)
+    _run: Callable | None = dataclasses.field(default=None, init=False, repr=False,
+                                              compare=False)
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -62,6 +66,13 @@ class HostScalarProgram:
         return [name for k, name in enumerate(self.input_names) if k in used]
 
     def __call__(self, args: Sequence[Any]) -> list[int]:
+        run = self._run
+        if run is None:
+            run = self._run = _compile_program(self)
+        return run(args)
+
+    def reference(self, args: Sequence[Any]) -> list[int]:
+        """The program interpreted step by step (what :meth:`__call__` computes)."""
         env = [args[i] for i in self.input_indices]
 
         def resolve(a: Any) -> Any:
@@ -71,6 +82,48 @@ class HostScalarProgram:
             env.append(fn(*fx.node.map_aggregate(fn_args, resolve),
                           **fx.node.map_aggregate(fn_kwargs, resolve)))
         return [int(env[s.index]) if isinstance(s, _Ref) else int(s) for s in self.slots]
+
+
+def _has_ref(value: Any) -> bool:
+    found: list[_Ref] = []
+    fx.node.map_aggregate(value, lambda a: found.append(a) if isinstance(a, _Ref) else None)
+    return bool(found)
+
+
+def _argument_reader(value: Any) -> Callable[[list], Any]:
+    """``read(env) -> value`` with its references resolved, decided once per argument."""
+    if isinstance(value, _Ref):
+        return operator.itemgetter(value.index)
+    if not _has_ref(value):
+        return lambda env: value
+    return lambda env: fx.node.map_aggregate(
+        value, lambda a: env[a.index] if isinstance(a, _Ref) else a)
+
+
+def _compile_program(program: HostScalarProgram) -> Callable[[Sequence[Any]], list[int]]:
+    """:meth:`HostScalarProgram.reference` with every decision that does not depend on the
+    call's values taken once: it runs before every launch of a static unit, so its Python is
+    part of each step's host time (the common program, slots that are inputs, is one list
+    comprehension)."""
+    indices = program.input_indices
+    slots = tuple((s.index, 0) if isinstance(s, _Ref) else (None, int(s)) for s in program.slots)
+    if not program.steps and all(k is not None for k, _ in slots):
+        picks = tuple(indices[k] for k, _ in slots)
+        return lambda args: [int(args[p]) for p in picks]
+    steps = tuple((fn, tuple(_argument_reader(a) for a in fn_args),
+                   tuple((k, _argument_reader(v)) for k, v in fn_kwargs.items()))
+                  for fn, fn_args, fn_kwargs in program.steps)
+
+    def run(args: Sequence[Any]) -> list[int]:
+        env = [args[i] for i in indices]
+        for fn, readers, kw_readers in steps:
+            if kw_readers:
+                env.append(fn(*[r(env) for r in readers], **{k: r(env) for k, r in kw_readers}))
+            else:
+                env.append(fn(*[r(env) for r in readers]))
+        return [int(env[k]) if k is not None else c for k, c in slots]
+
+    return run
 
 
 @dataclasses.dataclass

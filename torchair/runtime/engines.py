@@ -314,7 +314,21 @@ def _direct_engine(graph: Callable, bump: tuple = ()) -> Engine:
             return graph(list(args))
 
     run.direct = True  # type: ignore[attr-defined]
+    run.graph, run.bump = graph, bump  # type: ignore[attr-defined]
     return run
+
+
+def compiled_entry(engine: Engine) -> tuple[Callable[[list], Any], tuple] | None:
+    """``(entry, bump)`` for an engine from :func:`_direct_engine` whose compiled graph has
+    Inductor's generated entry (``current_callable``: it takes the argument list and clears
+    it): calling ``entry`` is calling the engine, less ``CompiledFxGraph.__call__`` (profiler
+    label, first-call autotune bookkeeping: call the engine once before). ``bump``: as
+    :func:`_direct_engine`'s. None for any other engine."""
+    graph = getattr(engine, "graph", None)
+    entry = getattr(graph, "current_callable", None)
+    if not getattr(engine, "direct", False) or not callable(entry):
+        return None
+    return entry, engine.bump  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

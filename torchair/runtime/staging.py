@@ -14,6 +14,8 @@ Policy per tensor input:
 """
 from __future__ import annotations
 
+import array
+import ctypes
 from typing import Any, Sequence
 
 import torch
@@ -25,30 +27,32 @@ class SunkScalars:
     def __init__(self, program, device: torch.device) -> None:
         self.program = program
         self.buffer = torch.zeros(len(program), dtype=torch.int64, device=device)
-        self._host_view = _numpy_view(self.buffer)
+        self._cuda = self.buffer.device.type == "cuda"
+        self._host_view = _host_view(self.buffer)
 
     def stage(self, args: Sequence[Any]) -> torch.Tensor:
         values = self.program(args)
-        if self.buffer.device.type == "cuda":
+        if self._cuda:
             # pinned + non_blocking: the host never waits for the device; the caching host
             # allocator keeps the pinned block alive until the copy has run
             host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
             self.buffer.copy_(host, non_blocking=True)
         elif self._host_view is not None:
-            self._host_view[:] = values  # in place through numpy: no tensor op on the hot path
+            # in place through the buffer's memory: no tensor op on the hot path
+            self._host_view[:] = array.array("q", values)
         else:
             self.buffer.copy_(torch.tensor(values, dtype=torch.int64))
         return self.buffer
 
 
-def _numpy_view(buffer: torch.Tensor):
-    """A numpy view of a CPU buffer, or None (other device, or numpy not installed)."""
-    if buffer.device.type != "cpu":
+def _host_view(buffer: torch.Tensor) -> memoryview | None:
+    """An int64 memoryview of a contiguous CPU buffer's memory (the buffer, kept by its owner,
+    outlives it), or None (another device or layout)."""
+    if buffer.device.type != "cpu" or not buffer.is_contiguous() or buffer.numel() == 0:
         return None
-    try:
-        return buffer.numpy()
-    except (RuntimeError, ImportError):
-        return None
+    words = (ctypes.c_int64 * buffer.numel()).from_address(buffer.data_ptr())
+    view = memoryview(words).cast("B").cast("q")
+    return view if array.array("q").itemsize == 8 else None
 
 
 class InputStager:

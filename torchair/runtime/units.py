@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -95,9 +96,13 @@ class StaticUnit:
         self.report = report
         self.sunk: SunkScalars | None = None
         self.run: Callable[[list], Sequence[Any]] | None = None
+        self._fast: Callable[[list], Sequence[Any]] | None = None  # see _fused
         self._warned_copies = False
 
     def __call__(self, args: list) -> Sequence[Any]:
+        fast = self._fast
+        if fast is not None:
+            return fast(args)
         unit_args = [args[i] for i in self.kept]
         if self.sunk is not None:
             unit_args.append(self.sunk.stage(args))
@@ -114,11 +119,12 @@ class StaticUnit:
         engine = self._engine(unit_args, what)
         from torchair.ops.attention.cpu import launch as _launch
 
-        if _launch.loaded() and self.capture is None:  # launch kernels defer their errors
-            engine = _launch.checked(engine, as_fia=_launch.fia_errors(self.gm))
+        errors = _launch.loaded() and self.capture is None  # launch kernels defer their errors
+        as_fia = errors and _launch.fia_errors(self.gm)
         if self.capture is None:
-            self.run = engine
-            outputs = engine(unit_args)
+            self.run = _launch.checked(engine, as_fia=as_fia) if errors else engine
+            outputs = self.run(unit_args)
+            self._fast = self._fused(engine, errors, as_fia)
         else:
             self.run = self._captured(engine, unit_args)
             outputs = self.run(unit_args)
@@ -127,6 +133,53 @@ class StaticUnit:
         logger.info("%s: built static launch unit (%s) in %.2f s", what, self.report.launch,
                     self.report.build_seconds)
         return outputs
+
+    def _fused(self, engine: Engine, errors: bool, as_fia: bool
+               ) -> Callable[[list], Sequence[Any]] | None:
+        """The whole call of a CPU unit whose engine calls Inductor's compiled graph directly,
+        as one function: the kept arguments, the sunk scalars, Inductor's generated entry,
+        the version bumps and the deferred-error check, with no layer of wrappers between
+        them (each layer is Python the step runs with cold caches: the weights it streams
+        evict them). Built after the first run (Inductor's own first-call bookkeeping has
+        run); under the profiler the compiled graph is called as before, to keep its label.
+        None for any other engine (it keeps the layered call)."""
+        found = _engines.compiled_entry(engine)
+        if found is None:
+            return None
+        entry, bump = found
+        graph = engine.graph  # type: ignore[attr-defined]
+        profiler = torch.autograd.profiler
+        labelled = hasattr(profiler, "_is_profiler_enabled")
+        pick = operator.itemgetter(*self.kept) if len(self.kept) > 1 else None
+        kept, sunk = self.kept, self.sunk
+        if errors:
+            from torchair.ops.attention.cpu import launch as _launch
+
+            pending, raise_pending, take = _launch.pending(), _launch.raise_pending, _launch._take
+        if bump:
+            from torch.autograd.graph import increment_version
+
+        def run(args: list) -> Sequence[Any]:
+            unit_args = list(pick(args)) if pick is not None else [args[i] for i in kept]
+            if sunk is not None:
+                unit_args.append(sunk.stage(args))
+            call_args = list(unit_args) if bump else unit_args  # the entry clears its list
+            try:
+                if labelled and profiler._is_profiler_enabled:
+                    outputs = graph(call_args)
+                else:
+                    outputs = entry(call_args)
+            except BaseException:
+                if errors:
+                    take()  # a failed run leaves nothing for the next
+                raise
+            if bump:
+                increment_version([unit_args[i] for i in bump])
+            if errors and pending.value:
+                raise_pending(as_fia)
+            return outputs
+
+        return run
 
     def _engine(self, unit_args: list, what: str) -> Engine:
         """The engine of this unit: a warm cache entry's library, else compiled here."""

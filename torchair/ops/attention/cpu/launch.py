@@ -52,17 +52,20 @@ from torchair.core.utils import logger
 from torchair.ops.attention.cpu import native as _decode_native
 from torchair.ops.toolchain import native as _native
 
-__all__ = ["LAYOUTS", "available", "bind_static_unit", "checked", "ifa_decode", "loaded"]
+__all__ = ["LAYOUTS", "available", "bind_static_unit", "checked", "ifa_decode", "loaded",
+           "pending", "raise_pending"]
 
 LAYOUTS = {"BSH": 0, "BNSD": 1, "BSND": 2}
 _SYMBOLS = ("torchair_launch_set_decode", "torchair_launch_register",
-            "torchair_launch_take_error", "torchair_launch_set_eager", "torchair_launch_clear")
+            "torchair_launch_take_error", "torchair_launch_set_eager", "torchair_launch_clear",
+            "torchair_launch_pending")
 # keyword arguments of npu_incre_flash_attention_tensor that the launch kernel takes
 _TAKEN = {"actual_seq_lengths", "block_table", "num_heads", "scale_value", "input_layout",
           "num_key_value_heads", "block_size", "inner_precise"}
 _fake_lib: Any = None
 _lib: Any = None  # the loaded library (ctypes)
 _take_error: Any = None  # its torchair_launch_take_error
+_pending: Any = None  # its torchair_launch_pending (ctypes.c_int): threads holding an error
 _tls = threading.local()  # .buf: this thread's buffer for a deferred error's text
 
 
@@ -73,7 +76,7 @@ def available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _load() -> bool:
-    global _fake_lib, _take_error, _lib
+    global _fake_lib, _take_error, _lib, _pending
     if not _decode_native.available():
         return False
     lib = _native.load("launch_ops", symbols=_SYMBOLS)
@@ -95,6 +98,7 @@ def _load() -> bool:
     torch.library.register_fake("torchair_native::ifa_decode", _ifa_decode_fake, lib=_fake_lib)
     lib.torchair_launch_take_error.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.torchair_launch_set_eager.argtypes = [ctypes.c_int]
+    _pending = ctypes.c_int.in_dll(lib, "torchair_launch_pending")
     _take_error = lib.torchair_launch_take_error
     _lib = lib
     return True
@@ -164,16 +168,29 @@ def checked(engine: Any, as_fia: bool = False) -> Any:
         except BaseException:
             _take()  # a failed run leaves nothing for the next
             raise
-        error = _take()
-        if error is not None:
-            if as_fia:
-                from torchair.ops.attention import fia_checks as _fia_checks
-
-                error = _fia_checks.as_fia_message(error, kv_lengths=True)
-            raise ValueError(error)
+        if _pending.value:
+            raise_pending(as_fia)
         return outputs
 
     return run
+
+
+def pending() -> Any:
+    """The library's count of threads holding a deferred error (a ``ctypes.c_int``: read
+    ``.value`` after a run; :func:`raise_pending` when it is not zero). None when not loaded."""
+    return _pending
+
+
+def raise_pending(as_fia: bool = False) -> None:
+    """Raise the ValueError a launch kernel deferred in this thread, if any (see
+    :func:`checked`)."""
+    error = _take()
+    if error is not None:
+        if as_fia:
+            from torchair.ops.attention import fia_checks as _fia_checks
+
+            error = _fia_checks.as_fia_message(error, kv_lengths=True)
+        raise ValueError(error)
 
 
 def _ifa_decode_fake(query, key, value, actual_seq_lengths, ends, block_table, num_heads,

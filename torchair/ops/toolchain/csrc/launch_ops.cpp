@@ -63,9 +63,22 @@ thread_local bool t_has_pending = false;
 
 struct Deferred {};  // thrown by fail() when the error was kept
 
+}  // namespace
+
+// How many threads hold a deferred error: a unit reads it (a plain int, through ctypes) after
+// each run and asks for its thread's error only when it is not zero. A thread's own error is
+// counted before its run returns, so that thread never misses it; another thread's only costs
+// an empty take.
+extern "C" int torchair_launch_pending = 0;
+
+namespace {
+
 [[noreturn]] void fail(bool defer, const std::string &msg) {
   if (defer) {
-    if (!t_has_pending) t_pending = msg, t_has_pending = true;
+    if (!t_has_pending) {
+      t_pending = msg, t_has_pending = true;
+      __atomic_add_fetch(&torchair_launch_pending, 1, __ATOMIC_SEQ_CST);
+    }
     throw Deferred{};
   }
   TORCH_CHECK_VALUE(false, msg);
@@ -460,6 +473,7 @@ int torchair_launch_take_error(char *buf, int size) {
   int n = int(t_pending.size());
   t_pending.clear();
   t_has_pending = false;
+  __atomic_sub_fetch(&torchair_launch_pending, 1, __ATOMIC_SEQ_CST);
   return n > 0 ? n : 1;
 }
 
