@@ -682,3 +682,86 @@ def test_autocast_dtype_change_is_seen_per_call(tmp_path, log):
             torch.set_autocast_dtype("cpu", torch.bfloat16)
     assert got.dtype == want.dtype and torch.allclose(got, want, atol=2e-2)
     assert any("global state changed" in m for m in _messages(log))
+
+
+@pytest.mark.parametrize("change", ["strides", "storage-offset", "requires-grad", "inference-mode",
+                                    "param-resized", "param-dtype-in-place", "arg-resized"])
+def test_metadata_changed_after_remembered_calls_is_never_served_stale(tmp_path, log, change):
+    """The per-call tensor checks are skipped while a call's tensors have exactly the metadata of
+    the last call that passed them (one C++ comparison, TensorMemo): after several such calls,
+    a tensor with other strides, offset, requires_grad, dispatch keys, size or dtype (changed in
+    place, same object) must still fall back or be computed right, never reach the unit."""
+    model = _WithBuffer(tmp_path / "c")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for _ in range(5):  # cold, full check, then per-call checks that remember the tensors
+            model.cached(x)
+    arg = x
+    if change == "strides":
+        arg = torch.randn(8, 2).t()
+    elif change == "storage-offset":
+        arg = torch.randn(3, 8)[1:]
+    elif change == "requires-grad":
+        arg = x.clone().requires_grad_()
+    elif change == "param-resized":
+        with torch.no_grad():
+            model.l.weight.data = torch.randn(8, 8).t().contiguous().t()  # same shape, strides (1, 8)
+    elif change == "param-dtype-in-place":
+        model.l.weight.data = model.l.weight.data.double()
+    elif change == "arg-resized":
+        arg = x.clone()
+        with torch.no_grad():
+            model.cached(arg)  # remembered with this very tensor
+        arg.resize_(3, 8).normal_()  # the same object, another size
+    if change == "inference-mode":
+        with torch.inference_mode():
+            got, want = model.cached(arg), model.step(arg)
+    elif change == "param-dtype-in-place":
+        with torch.no_grad():
+            with pytest.raises(RuntimeError):
+                model.step(arg)  # eager refuses the mixed dtypes; so must the cached call
+            with pytest.raises(RuntimeError):
+                model.cached(arg)
+        return
+    else:
+        with torch.no_grad():
+            got, want = model.cached(arg), model.step(arg)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+    # a guarded property changed: the call falls back (the others are inputs the unit takes:
+    # a storage offset, a dynamic batch, a parameter's strides under the FX engine)
+    fell_back = any("does not fit the cached graph" in m for m in _messages(log))
+    assert fell_back == (change in ("strides", "requires-grad", "inference-mode")), change
+
+
+def test_tensor_memo_holds_only_for_identical_metadata():
+    from torchair.inference._guard_eval import TensorMemo
+
+    if TensorMemo._factory is None:
+        pytest.skip("this PyTorch has no TensorGuards: the memo never holds")
+    a, b = torch.randn(3, 4), torch.zeros(2, dtype=torch.int64)
+    p = torch.nn.Parameter(torch.randn(5), requires_grad=False)
+    memo = TensorMemo([0, 2, 3])
+    values = [a, "not read", b, p]
+    assert not memo.holds(values)  # nothing remembered yet
+    memo.remember(values)
+    assert memo.holds(values) and memo.holds([torch.randn(3, 4), None, b.clone(), p])
+    for changed in ([a.t().contiguous().t().reshape(3, 4), None, b, p],  # reshape: copies
+                    [torch.randn(4, 3).t(), None, b, p],  # other strides
+                    [a.double(), None, b, p], [a, None, b.int(), p],
+                    [a, None, b, torch.randn(5)],  # a Tensor where a Parameter was
+                    [a, None, b, torch.nn.Parameter(torch.randn(5))],  # requires grad
+                    [a, None, b, torch.nn.Parameter(torch.randn(6), requires_grad=False)],
+                    [a, None, 3, p], [a, None, None, p]):
+        same = all(isinstance(t, torch.Tensor) and t.stride() == o.stride()
+                   and t.dtype == o.dtype and t.shape == o.shape and type(t) is type(o)
+                   and t.requires_grad == o.requires_grad
+                   for t, o in zip([changed[0], changed[2], changed[3]], [a, b, p]))
+        assert memo.holds(changed) == same, changed
+    with torch.inference_mode():
+        assert not memo.holds(values)  # the thread's dispatch keys differ
+    c = a.clone()
+    memo.remember([c, None, b, p])
+    c.resize_(2, 6)  # the same object changed in place
+    assert not memo.holds([c, None, b, p])
+    memo.remember([a, None, "x", p])  # not all tensors: nothing remembered
+    assert not memo.holds([a, None, "x", p]) and not TensorMemo([]).holds([])

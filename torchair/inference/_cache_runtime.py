@@ -19,7 +19,7 @@ from torchair.inference import _cache_store as store
 from torchair.inference._cache_io import (NotCacheable, build_output, graph_outputs,
                                           info_from_json, program_from_graph)
 from torchair.inference._graph_io import graph_from_json
-from torchair.inference._guard_eval import GuardSet
+from torchair.inference._guard_eval import GuardSet, TensorMemo
 from torchair.inference.gears import GearDim, GearTable, get_dim_gears
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
@@ -73,8 +73,19 @@ class _InputChecks:
                 self.slow.append((k, check))
             else:
                 self.fast.append((k, check, *spec))
+        # the inputs checked here, remembered after they passed (see TensorMemo)
+        self.memo = TensorMemo([k for k, *_ in self.fast] + [k for k, _ in self.slow])
 
     def mismatch(self, flat: list) -> str:
+        memo = self.memo
+        if memo.holds(flat):
+            return ""
+        why = self._mismatch(flat)
+        if not why:
+            memo.remember(flat)
+        return why
+
+    def _mismatch(self, flat: list) -> str:
         try:
             for k, check, dtype, size, flag in self.fast:
                 value = flat[k]

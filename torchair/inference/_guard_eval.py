@@ -669,6 +669,46 @@ def module_epoch() -> int:
 _TENSOR_DICTS = ("._parameters", "._buffers")
 
 
+class TensorMemo:
+    """The tensors that last passed some per-call tensor checks, remembered as one C++ check
+    (PyTorch's ``TensorGuards``, what Dynamo's guards compare: Python type, dispatch keys with
+    the thread's include/exclude sets, dtype, device, requires_grad, sizes, strides). When the
+    call's tensors match them exactly, the checks (which look at a subset of that) hold without
+    running their Python, one call instead of a few per tensor, each run with the caches the
+    step's weights evicted. Otherwise the caller runs its checks and, when they hold,
+    :meth:`remember` s the new tensors. Without ``TensorGuards`` (another PyTorch) it never
+    holds."""
+
+    _factory: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None),
+                            "TensorGuards", None)
+
+    def __init__(self, slots: Sequence[int]) -> None:
+        self.slots = tuple(slots)
+        self._check: Callable[..., bool] | None = None
+
+    def holds(self, values: Sequence[Any]) -> bool:
+        check = self._check
+        if check is None:
+            return False
+        try:
+            return bool(check(*[values[k] for k in self.slots]))
+        except Exception:  # noqa: BLE001 - not a tensor any more: the checks say why
+            return False
+
+    def remember(self, values: Sequence[Any]) -> None:
+        tensors = [values[k] for k in self.slots]
+        self._check = None
+        if self._factory is None or not self.slots or not all(
+                isinstance(t, torch.Tensor) for t in tensors):
+            return
+        try:
+            # the keywords must be passed (its constructor reads them from the keyword dict)
+            self._check = self._factory(*tensors, dynamic_dims_sizes=None,
+                                        dynamic_dims_strides=None).check
+        except Exception:  # noqa: BLE001 - a tensor it cannot describe: keep the Python checks
+            self._check = None
+
+
 class GuardSet:
     """The checks of one cached frame (records from :mod:`torchair.inference._guards`) and the
     sources they and the graph inputs read."""
@@ -774,6 +814,11 @@ class GuardSet:
         for guard in guards:
             read |= guard.read
         self._per_call = (guards, sources.ancestors(read), dict_inputs)
+        # the tensors the per-call TENSOR_MATCH guards check, remembered after they held: a call
+        # with the same tensor metadata runs only the other guards
+        self._memo = TensorMemo(sorted({source_slot(g.source, sources) for g in guards
+                                        if g.kind == "TENSOR_MATCH" and g.source}))
+        self._untensored = [g for g in guards if g.kind != "TENSOR_MATCH"]
         self._tensor_dicts: dict[int, Any] = {}
         self._checked_epoch = -1
         self._state_snapshot: Any = None
@@ -814,7 +859,13 @@ class GuardSet:
             globals_ = Globals(globals_)
         values, why = self.sources.evaluate_some(frame, globals_, steps)
         if not why:
-            why = self._run(guards, values)
+            memo = self._memo
+            if memo.holds(values):
+                why = self._run(self._untensored, values)
+            else:
+                why = self._run(guards, values)
+                if not why:
+                    memo.remember(values)
         if why:
             return why, []
         dicts = self._tensor_dicts
