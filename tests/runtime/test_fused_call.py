@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import operator
 import threading
+import time
 
 import pytest
 import torch
@@ -192,3 +193,53 @@ def test_inductor_unit_fused_call(monkeypatch):
 
     assert len(built) == 1, "a call compiled again"
     assert served[0] == "layered" and set(served[1:]) == {"fused"}, served
+
+
+def test_a_thread_that_ends_holding_a_deferred_error_leaves_the_count():
+    """The count of threads holding a deferred error goes back down when such a thread ends
+    without taking it (else every later unit call in every thread would ask in vain)."""
+    from torchair.ops.attention.cpu import launch as _launch
+
+    if not _launch.available():
+        pytest.skip("needs the launch kernels (a C and a C++ compiler)")
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, n, s, 64, generator=gen) for n, s in ((8, 1), (2, 16), (2, 16)))
+    before = _launch.pending().value
+    held = []
+
+    def other():
+        _launch.ifa_decode()(q, k, v, torch.tensor([-3]), None, None, 8, 2,
+                             _launch.LAYOUTS["BNSD"], 0, 0.125, True)
+        held.append(_launch.pending().value)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(30)
+    assert held == [before + 1]
+    # join returns before the OS thread has run its thread-local destructors: wait a little
+    deadline = time.monotonic() + 10
+    while _launch.pending().value != before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _launch.pending().value == before
+    assert _launch._take() is None  # nothing of that thread's reaches this one
+
+
+def test_tensor_memo_refuses_nested_tensors_and_stops_after_repeated_misses():
+    from torchair.inference._guard_eval import TensorMemo
+
+    if TensorMemo._factory is None:
+        pytest.skip("this PyTorch has no TensorGuards")
+    nested = torch.nested.nested_tensor([torch.randn(2), torch.randn(3)])
+    memo = TensorMemo([0])
+    memo.remember([nested])  # would abort the process inside TensorGuards
+    assert not memo.holds([nested])
+    memo.remember([torch.randn(1)])
+    for n in range(2, 2 + TensorMemo.MAX_MISSES):  # a size that changes on every call
+        t = torch.randn(n)
+        assert not memo.holds([t])
+        memo.remember([t])
+    # it stopped taking new sizes: the last one it took is the one before the last miss
+    assert not memo.holds([torch.randn(1 + TensorMemo.MAX_MISSES)])
+    assert memo.holds([torch.randn(TensorMemo.MAX_MISSES)])  # a hit: it takes sizes again
+    memo.remember([torch.randn(3)])
+    assert memo.holds([torch.randn(3)])

@@ -682,25 +682,33 @@ class TensorMemo:
     _factory: Any = getattr(getattr(getattr(torch._C, "_dynamo", None), "guards", None),
                             "TensorGuards", None)
 
+    MAX_MISSES = 8  # consecutive misses after which it stops remembering (shapes that vary)
+
     def __init__(self, slots: Sequence[int]) -> None:
         self.slots = tuple(slots)
         self._check: Callable[..., bool] | None = None
+        self._misses = 0
 
     def holds(self, values: Sequence[Any]) -> bool:
         check = self._check
         if check is None:
             return False
         try:
-            return bool(check(*[values[k] for k in self.slots]))
+            held = bool(check(*[values[k] for k in self.slots]))
         except Exception:  # noqa: BLE001 - not a tensor any more: the checks say why
-            return False
+            held = False
+        self._misses = 0 if held else self._misses + 1
+        return held
 
     def remember(self, values: Sequence[Any]) -> None:
+        if self._misses >= self.MAX_MISSES:
+            return  # metadata that changes call after call: building it again would not pay
         tensors = [values[k] for k in self.slots]
         self._check = None
         if self._factory is None or not self.slots or not all(
-                isinstance(t, torch.Tensor) for t in tensors):
-            return
+                isinstance(t, torch.Tensor) for t in tensors) or any(
+                t.is_nested or t.layout != torch.strided for t in tensors):
+            return  # (a nested tensor would abort the process inside TensorGuards)
         try:
             # the keywords must be passed (its constructor reads them from the keyword dict)
             self._check = self._factory(*tensors, dynamic_dims_sizes=None,
@@ -816,9 +824,9 @@ class GuardSet:
         self._per_call = (guards, sources.ancestors(read), dict_inputs)
         # the tensors the per-call TENSOR_MATCH guards check, remembered after they held: a call
         # with the same tensor metadata runs only the other guards
-        self._memo = TensorMemo(sorted({source_slot(g.source, sources) for g in guards
-                                        if g.kind == "TENSOR_MATCH" and g.source}))
-        self._untensored = [g for g in guards if g.kind != "TENSOR_MATCH"]
+        memoed = [g for g in guards if g.kind == "TENSOR_MATCH" and g.source]
+        self._memo = TensorMemo(sorted({source_slot(g.source, sources) for g in memoed}))
+        self._untensored = [g for g in guards if not any(g is m for m in memoed)]
         self._tensor_dicts: dict[int, Any] = {}
         self._checked_epoch = -1
         self._state_snapshot: Any = None

@@ -123,8 +123,11 @@ class StaticUnit:
         as_fia = errors and _launch.fia_errors(self.gm)
         if self.capture is None:
             self.run = _launch.checked(engine, as_fia=as_fia) if errors else engine
-            outputs = self.run(unit_args)
-            self._fast = self._fused(engine, errors, as_fia)
+            cpu = _device_of(unit_args).type == "cpu"
+            try:
+                outputs = self.run(unit_args)
+            finally:  # also after a first run that raised (a deferred error, say)
+                self._fast = self._fused(engine, errors, as_fia) if cpu else None
         else:
             self.run = self._captured(engine, unit_args)
             outputs = self.run(unit_args)

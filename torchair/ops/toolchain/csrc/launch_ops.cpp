@@ -60,6 +60,14 @@ decode_fn_t g_decode = nullptr;
 // with a C++ stack instead of the ValueError eager raises.
 thread_local std::string t_pending;
 thread_local bool t_has_pending = false;
+void uncount_pending();
+// a thread that ends holding an error takes it out of the count (below) as it goes
+struct PendingAtExit {
+  ~PendingAtExit() {
+    if (t_has_pending) uncount_pending();
+  }
+};
+thread_local PendingAtExit t_pending_at_exit;
 
 struct Deferred {};  // thrown by fail() when the error was kept
 
@@ -73,9 +81,12 @@ extern "C" int torchair_launch_pending = 0;
 
 namespace {
 
+void uncount_pending() { __atomic_sub_fetch(&torchair_launch_pending, 1, __ATOMIC_SEQ_CST); }
+
 [[noreturn]] void fail(bool defer, const std::string &msg) {
   if (defer) {
     if (!t_has_pending) {
+      (void)&t_pending_at_exit;  // constructed in this thread: its destructor runs at exit
       t_pending = msg, t_has_pending = true;
       __atomic_add_fetch(&torchair_launch_pending, 1, __ATOMIC_SEQ_CST);
     }
@@ -473,7 +484,7 @@ int torchair_launch_take_error(char *buf, int size) {
   int n = int(t_pending.size());
   t_pending.clear();
   t_has_pending = false;
-  __atomic_sub_fetch(&torchair_launch_pending, 1, __ATOMIC_SEQ_CST);
+  uncount_pending();
   return n > 0 ? n : 1;
 }
 
