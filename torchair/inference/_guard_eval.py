@@ -239,7 +239,12 @@ def _snapshot_blind_spots() -> tuple:
     (they matter only while autocast is on) and cuDNN's TF32 switch."""
     on = torch._C._is_any_autocast_enabled()
     dtypes = (torch.get_autocast_dtype("cpu"), torch.get_autocast_dtype("cuda")) if on else ()
-    return dtypes, bool(torch.backends.cudnn.allow_tf32)
+    return dtypes, bool(_cudnn_allow_tf32())
+
+
+# what torch.backends.cudnn.allow_tf32 reads, without the module property on the per-call path
+_cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32",
+                            lambda: torch.backends.cudnn.allow_tf32)
 
 
 def _mode_stack_depth() -> int:

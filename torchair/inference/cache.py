@@ -193,10 +193,11 @@ class CachedFunction:
 
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if torch.is_grad_enabled():
-            self._warn_once("grad", f"cache_compile({self.name}) runs inference graphs under "
-                                    f"torch.no_grad(), as TorchAir does: its results do not "
-                                    f"require grad and backward() through them fails")
+        if not torch.is_grad_enabled():  # the serving loop's case: no context object to build
+            return self._call(args, kwargs)
+        self._warn_once("grad", f"cache_compile({self.name}) runs inference graphs under "
+                                f"torch.no_grad(), as TorchAir does: its results do not "
+                                f"require grad and backward() through them fails")
         with torch.no_grad():
             return self._call(args, kwargs)
 
