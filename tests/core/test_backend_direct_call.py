@@ -74,14 +74,55 @@ def test_grad_mode_on_at_call_gives_no_graph_and_same_result():
     assert spy == [True]
 
 
-def test_dynamic_shapes_keep_the_wrapper():
-    """A shape-generic graph's outputs get their dynamic dims marked by the wrapper."""
-    spy = []
-    compiled = _compiled(lambda x: x * 2 + 1, spy)
-    for n in (3, 5):
-        x = torch.randn(n)
-        assert torch.equal(compiled(x), x * 2 + 1)
-    assert spy == [False]
+def _marks(t):
+    return {name: getattr(t, name) for name in dir(t) if name.startswith("_dynamo_")
+            and name.endswith("_indices")}
+
+
+def test_dynamic_outputs_are_marked_as_the_wrapper_marks_them(monkeypatch):
+    """A shape-generic graph's outputs get their symbolic dims marked (so that they stay dynamic
+    when fed back, e.g. the next step's tokens): by the direct call with PyTorch's own marking
+    function where this PyTorch has it, else by the wrapper; the same marks either way, and a
+    fed-back output compiles nothing new."""
+    def step(x):
+        return x * 2 + 1
+
+    marks, counts = {}, {}
+    for direct in ("1", "0"):
+        monkeypatch.setenv(engines.ENV_DIRECT, direct)
+        spy = []
+        compiled = _compiled(step, spy)
+        x = torch.randn(3)
+        out = compiled(x)
+        assert torch.equal(out, x * 2 + 1)
+        marks[direct] = _marks(out)
+        again = compiled(out)  # fed back: symbolic dims stay symbolic
+        assert torch.equal(again, out * 2 + 1)
+        y = torch.randn(5)
+        assert torch.equal(compiled(y), y * 2 + 1)
+        counts[direct] = len(spy)
+        assert spy[0] == (direct == "1" and engines.dynamic_output_marks(_meta(step)) is not None)
+    assert marks["1"] == marks["0"] and marks["0"], marks
+    assert counts == {"1": 1, "0": 1}
+
+
+def _meta(fn):
+    """AOT's forward metadata of ``fn`` compiled with dynamic shapes (for the marks check)."""
+    seen = {}
+
+    def backend(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def fw(g, inputs):
+            seen["meta"] = torch._guards.TracingContext.try_get().fw_metadata
+            return g
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, dynamic=True)(torch.randn(3))
+    torch._dynamo.reset()
+    return seen["meta"]
 
 
 def test_output_aliasing_an_input_keeps_the_wrapper():

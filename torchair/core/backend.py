@@ -150,10 +150,14 @@ def _direct_call(built: dict, example_inputs: Sequence[Any]) -> Callable | None:
     if not all(type(x) in (torch.Tensor, torch.nn.Parameter) for x in example_inputs
                if isinstance(x, torch.Tensor)):
         return None  # a tensor subclass is unwrapped by the wrapper
-    bump = _engines.plain_aot_call(built["meta"], built["placeholders"], len(example_inputs),
-                                   built["autocast"])
+    meta = built["meta"]
+    marked = _engines.dynamic_output_marks(meta) if getattr(meta, "dynamic_outputs", False) \
+        else None
+    bump = _engines.plain_aot_call(meta, built["placeholders"], len(example_inputs),
+                                   built["autocast"], dynamic_outputs=marked is not None)
     if bump is None:
         return None
+    mark, marks = marked if marked is not None else (None, ())
     unit = built["unit"]
     set_grad = torch._C._set_grad_enabled
     if bump:
@@ -170,6 +174,8 @@ def _direct_call(built: dict, example_inputs: Sequence[Any]) -> Callable | None:
                 set_grad(True)
         if bump:
             increment_version([args[i] for i in bump])
+        for i, dims in marks:  # as the wrapper: symbolic dims stay dynamic in the next graph
+            mark(outputs[i], dims)
         return outputs
 
     run.direct = True  # type: ignore[attr-defined]

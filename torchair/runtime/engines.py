@@ -195,14 +195,32 @@ class _Inner:
         return None if bump is None else _direct_engine(self.compiled, bump)
 
 
-def plain_aot_call(meta: Any, placeholders: int, n_inputs: int, autocast: bool
-                   ) -> tuple[int, ...] | None:
+def dynamic_output_marks(meta: Any) -> tuple[Callable[[Any, set], None],
+                                             tuple[tuple[int, set], ...]] | None:
+    """What AOT autograd's runtime wrapper does to outputs with symbolic dims (it stamps them
+    with PyTorch's internal mark, so that Dynamo treats those dims as dynamic when the tensor
+    comes back as an input, e.g. the next decode step's tokens): ``(mark, ((output index,
+    dims), ...))`` with PyTorch's own marking function, or None when this PyTorch does it some
+    other way (then the wrapper must run)."""
+    try:
+        from torch._functorch._aot_autograd.runtime_wrappers import (
+            mark_dynamo_propagated_dynamic_indices as mark)
+        marks = tuple((i, set(o.dynamic_dims)) for i, o in enumerate(meta.output_info)
+                      if o.dynamic_dims)
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return mark, marks
+
+
+def plain_aot_call(meta: Any, placeholders: int, n_inputs: int, autocast: bool, *,
+                   dynamic_outputs: bool = False) -> tuple[int, ...] | None:
     """Whether AOT autograd's runtime wrapper around a graph compiled with forward metadata
     ``meta`` (``TracingContext.fw_metadata``) would only pass the arguments through: every input
     mutation stays in the graph, no output aliases an input or an intermediate, no effect tokens,
     no tensor subclass, no functionalized RNG, not compiled under autocast, and the graph takes
     exactly the caller's ``n_inputs`` arguments (no deduplicated or synthetic-base inputs), no
-    output with dimensions to mark dynamic, no grad-mode change to replay.
+    output with dimensions to mark dynamic (``dynamic_outputs``: the caller marks them, see
+    :func:`dynamic_output_marks`), no grad-mode change to replay.
     Returns the indices of inputs mutated in the graph that autograd tracks (the wrapper bumps
     their version counter; so must a direct caller), or None when the wrapper does more."""
     if meta is None or placeholders != n_inputs or autocast:
@@ -212,7 +230,7 @@ def plain_aot_call(meta: Any, placeholders: int, n_inputs: int, autocast: bool
                  and all(o.output_type.name == "non_alias" for o in meta.output_info)
                  and meta.num_intermediate_bases == 0
                  and not getattr(meta, "is_rng_op_functionalized", False)
-                 and not getattr(meta, "dynamic_outputs", False)
+                 and (dynamic_outputs or not getattr(meta, "dynamic_outputs", False))
                  and getattr(meta, "grad_enabled_mutation", None) is None
                  and not any(type(m).__name__ == "SubclassCreationMeta"
                              for m in (meta.subclass_inp_meta or ()))
