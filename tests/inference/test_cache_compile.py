@@ -765,3 +765,42 @@ def test_tensor_memo_holds_only_for_identical_metadata():
     assert not memo.holds([c, None, b, p])
     memo.remember([a, None, "x", p])  # not all tensors: nothing remembered
     assert not memo.holds([a, None, "x", p]) and not TensorMemo([]).holds([])
+
+
+def test_cudnn_tf32_set_per_operation_does_not_break_served_calls(tmp_path):
+    """PyTorch refuses to read cuDNN's TF32 switch as one bool once its per-operation precision
+    settings differ; the per-call state check must still work (and see the change)."""
+    conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
+    if conv is None:
+        pytest.skip("this PyTorch has no per-operation precision settings")
+    model = _WithBuffer(tmp_path / "c")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        for _ in range(4):
+            model.cached(x)
+        try:
+            torch.backends.cudnn.conv.fp32_precision = "ieee" if conv != "ieee" else "tf32"
+            got = model.cached(x)
+        finally:
+            torch.backends.cudnn.conv.fp32_precision = conv
+        assert torch.allclose(got, model.step(x), atol=1e-6)
+
+
+class _GradOn(torch.nn.Module):
+    def __init__(self, cache_dir):
+        super().__init__()
+        self.cached = cache_compile(self.step, cache_dir=cache_dir, config=_config())
+
+    def step(self, x):
+        torch.set_grad_enabled(True)
+        return x * 2
+
+
+def test_a_call_that_turns_grad_on_leaves_it_off(tmp_path):
+    """Calls run as under no_grad(): grad mode turned on inside is off again after the call."""
+    model = _GradOn(tmp_path / "c")
+    x = torch.randn(3)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(model.cached(x), x * 2)
+            assert not torch.is_grad_enabled()

@@ -141,7 +141,8 @@ def _direct_call(built: dict, example_inputs: Sequence[Any]) -> Callable | None:
     pass the arguments through (:func:`torchair.runtime.engines.plain_aot_call`: no input
     mutation left to it, no aliased output, no autocast at build time, ...): about 7 us of
     wrapper per step, more inside a decode loop. Like the wrapper it turns grad mode off around
-    the call and bumps the version of inputs the graph mutates that autograd tracks.
+    the call, bumps the version of inputs the graph mutates that autograd tracks, and marks
+    outputs with symbolic dims (:func:`torchair.runtime.engines.dynamic_output_marks`).
     ``TORCHAIR_DIRECT_CALL=0`` keeps the wrapper. None when the wrapper is needed."""
     from torchair.runtime import engines as _engines
 

@@ -221,8 +221,7 @@ def global_state() -> dict:
     return {"autocast": autocast, "default_dtype": str(torch.get_default_dtype()),
             "deterministic": [torch.are_deterministic_algorithms_enabled(),
                               torch.is_deterministic_algorithms_warn_only_enabled()],
-            "tf32": [bool(torch.backends.cuda.matmul.allow_tf32),
-                     bool(torch.backends.cudnn.allow_tf32)],
+            "tf32": [bool(torch.backends.cuda.matmul.allow_tf32), _cudnn_tf32()],
             "torch_function": bool(torch._C._is_torch_function_enabled())}
 
 
@@ -239,12 +238,21 @@ def _snapshot_blind_spots() -> tuple:
     (they matter only while autocast is on) and cuDNN's TF32 switch."""
     on = torch._C._is_any_autocast_enabled()
     dtypes = (torch.get_autocast_dtype("cpu"), torch.get_autocast_dtype("cuda")) if on else ()
-    return dtypes, bool(_cudnn_allow_tf32())
+    return dtypes, _cudnn_tf32()
 
 
 # what torch.backends.cudnn.allow_tf32 reads, without the module property on the per-call path
 _cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32",
                             lambda: torch.backends.cudnn.allow_tf32)
+
+
+def _cudnn_tf32() -> bool | str:
+    """cuDNN's TF32 switch; "mixed" where PyTorch refuses to read it as one switch (its newer
+    per-operation precision settings set differently)."""
+    try:
+        return bool(_cudnn_allow_tf32())
+    except RuntimeError:
+        return "mixed"
 
 
 def _mode_stack_depth() -> int:

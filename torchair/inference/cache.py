@@ -194,7 +194,11 @@ class CachedFunction:
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():  # the serving loop's case: no context object to build
-            return self._call(args, kwargs)
+            try:
+                return self._call(args, kwargs)
+            finally:
+                if torch.is_grad_enabled():  # turned on inside: off again, as no_grad() would
+                    torch._C._set_grad_enabled(False)
         self._warn_once("grad", f"cache_compile({self.name}) runs inference graphs under "
                                 f"torch.no_grad(), as TorchAir does: its results do not "
                                 f"require grad and backward() through them fails")
