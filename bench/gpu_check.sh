@@ -1,36 +1,55 @@
 #!/usr/bin/env bash
-# Everything torchair checks on a lent GPU, in one call (about 5 minutes on an H100):
+# Everything torchair checks on a lent GPU, in one call (under 10 minutes on an H100/H200), each
+# step bounded by its own timeout so that a hang costs one step, not the lease:
 #   1. the tests marked `cuda` (compiled Triton kernels against the references, CUDA graphs);
-#   2. decode attention on CUDA: the Triton kernel's K+V bandwidth vs the measured copy
-#      bandwidth and vs SDPA (B 1 8 32 x KV 512 4k 32k, fp16 / bf16 / fp32);
-#   3. the static compile report of every Triton kernel for the GPU's architecture.
-# Results go to $OUT (the device tool's output folder) or bench/results/gpu; copy the JSON into
-# bench/results/ afterwards. Runs from the repository root with the machine's own torch/triton
-# (no install step: the GPU machines cannot reach a package index).
+#   2. `torchair demo` on CUDA (tokens graph == eager, speed, CUDA graphs per gear);
+#   3. the decode step on CUDA (eager / inductor / torchair paths / reduce-overhead);
+#   4. decode attention on CUDA: the Triton kernel's K+V bandwidth vs the measured copy
+#      bandwidth and vs SDPA;
+#   5. the static compile report of every Triton kernel for the GPU's architecture;
+#   6. the CPU suite under the machine's own PyTorch (2.11 there: the oldest we support).
+# Results go to $OUT (the device tool's output folder, at most 8 files come back) or
+# bench/results/gpu: log.txt holds every step's whole output, the JSON files beside it; copy them
+# into bench/results/ afterwards. Runs from the repository root with the machine's own
+# torch/triton (no install step: the GPU machines cannot reach a package index).
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-bench/results/gpu}
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+log="$out/log.txt"
+: > "$log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 status=0
-run() {  # run "$@", log to $out/<name>.txt, remember a failure, keep going
-    local name=$1; shift
+step_out=$(mktemp)
+run() {  # run NAME SECONDS CMD...: bounded, whole output appended to the log, tail shown
+    local name=$1 limit=$2; shift 2
+    local start=$SECONDS
     echo "== $name: $*"
-    "$@" > "$out/$name.txt" 2>&1
-    local rc=$?
-    tail -n 25 "$out/$name.txt"
-    echo "== $name: exit $rc"
+    echo "===== $name: $*" >> "$log"
+    timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$log" > "$step_out"  # streamed: a killed call keeps it
+    local rc=${PIPESTATUS[0]}
+    echo "===== $name: exit $rc after $((SECONDS - start)) s" >> "$log"
+    tail -n "${TAIL:-12}" "$step_out"
+    echo "== $name: exit $rc after $((SECONDS - start)) s"
     [ "$rc" -eq 0 ] || status=1
 }
-run environment python -c "import torch, triton, platform
+run environment 60 python3 -c "import torch, triton, platform, os
 print('python', platform.python_version(), 'torch', torch.__version__, 'triton', triton.__version__)
 print('cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-')
-p = torch.cuda.get_device_properties(0); print('sm', p.major, p.minor, 'SMs', p.multi_processor_count)"
-arch=$(python -c "import torch; p = torch.cuda.get_device_properties(0); print(p.major * 10 + p.minor)")
-run pytest_cuda python -m pytest -q -m cuda -p no:cacheprovider --continue-on-collection-errors tests
-run decode_attention python bench/bench_decode_attention.py --device cuda \
+p = torch.cuda.get_device_properties(0); print('sm', p.major, p.minor, 'SMs', p.multi_processor_count, 'cpus', os.cpu_count())"
+arch=$(python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.major * 10 + p.minor)")
+TAIL=30 run pytest_cuda "${T_CUDA:-180}" python3 -m pytest -q -m cuda -p no:cacheprovider -rfE \
+    -n 4 --dist loadfile --continue-on-collection-errors tests
+run demo "${T_DEMO:-70}" python3 -m torchair demo --device cuda --batch 1 4 --steps 16 --no-progress \
+    --json "$out/demo_cuda.json"
+run decode_step "${T_STEP:-120}" python3 bench/bench_decode_step.py --device cuda --rounds 8 --warm-cache \
+    --out "$out/decode_step_cuda.json"
+run decode_attention "${T_ATTN:-45}" python3 bench/bench_decode_attention.py --device cuda --quick \
     --out "$out/decode_attention_cuda.json"
-run triton_static python -m torchair.ops.toolchain.triton_aot --arch "$arch" \
+run triton_static "${T_STATIC:-30}" python3 -m torchair.ops.toolchain.triton_aot --arch "$arch" \
     --json "$out/triton_sm${arch}_static.json"
+TAIL=25 run cpu_suite "${T_CPU:-80}" python3 -m pytest -q -m "not cuda and not inductor" \
+    -p no:cacheprovider -rfE -n 12 tests
+rm -f "$step_out"
 exit $status
