@@ -5,6 +5,9 @@ devices to torch, torch.npu has no Stream, Tensor.record_stream rejects CPU tens
 """
 import logging
 import pickle
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -173,6 +176,48 @@ def test_npu_devices_inside_fullgraph_compile():
             out = torch.compile(fn, backend=backend, fullgraph=True)(x)
         torch.testing.assert_close(out, 3 * x + 1 + torch.tensor([0.0, 2.0]))
         torch._dynamo.reset()
+
+
+def test_traced_factories_reach_the_mode_where_dynamo_leaves_them_out(monkeypatch):
+    """torch 2.11's Dynamo routes calls through torch-function modes only for its own set of
+    overridable functions, which there lacks arange, tensor, randn, ... (eager calls the mode for
+    them): the emulation adds them. Here 2.11's set is simulated on any PyTorch."""
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    lacking = {torch.arange, torch.randn, torch.tensor, torch.linspace}
+    as_in_211 = {f for f in dynamo_torch.get_overridable_functions() if f not in lacking}
+    monkeypatch.setattr(dynamo_torch, "get_overridable_functions", lambda: as_in_211)
+
+    def fn(x):
+        return x + torch.arange(2, device="npu") + torch.tensor([1.0, 2.0], device="npu:0") \
+            + torch.linspace(0, 1, 2, device="npu") + 0 * torch.randn(2, device="npu")
+
+    with compat.emulate_npu("cpu"):
+        out = torch.compile(fn, backend="eager", fullgraph=True)(torch.zeros(2))
+    torch.testing.assert_close(out, torch.tensor([1.0, 4.0]))
+    assert lacking <= as_in_211
+
+
+def test_emulation_routes_factories_once_torch_compile_imports_dynamo():
+    """The emulation does not import Dynamo (1.6 s); it wraps torch.compile until restored."""
+    script = textwrap.dedent("""
+        import sys, torch
+        from torchair import compat
+        real = torch.compile
+        emulation = compat.emulate_npu("cpu")
+        assert "torch._dynamo" not in sys.modules and torch.compile is not real
+        fn = torch.compile(lambda x: x + torch.arange(2, device="npu"), backend="eager",
+                           fullgraph=True)
+        from torch._dynamo.variables.torch import get_overridable_functions
+        assert torch.arange in get_overridable_functions()
+        assert fn(torch.zeros(2)).tolist() == [0.0, 1.0]
+        emulation.restore()
+        assert torch.compile is real
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
 def test_dynamo_marker_the_device_class_relies_on():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import warnings
 
 import pytest
@@ -25,18 +26,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(tmp_path, names, inductor=False) -> list[dict]:
-    ctx = mp.start_processes(_world.worker, args=(WORLD, _free_port(), str(tmp_path), names,
-                                                  inductor),
-                             nprocs=WORLD, join=False, start_method="spawn")
-    deadline = 120
-    import time
+def _join(ctx, what: str, deadline: float = 120) -> None:
+    """Wait for the spawned ranks, at most `deadline` s; a rank that raised fails the test."""
     start = time.monotonic()
-    while not ctx.join(timeout=5):
+    while not ctx.join(timeout=5):  # raises ProcessRaisedException when a rank failed
         if time.monotonic() - start > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail(f"the {WORLD}-process world did not finish in {deadline} s")
+            pytest.fail(f"{what} did not finish in {deadline} s")
+
+
+def _spawn(tmp_path, names, inductor=False) -> list[dict]:
+    _join(mp.start_processes(_world.worker, args=(WORLD, _free_port(), str(tmp_path), names,
+                                                  inductor),
+                             nprocs=WORLD, join=False, start_method="spawn"),
+          f"the {WORLD}-process world")
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for rank, result in enumerate(results):
         for name, value in result.items():
@@ -194,8 +198,9 @@ def _nccl_worker(rank: int, world: int, port: int, out_dir: str) -> None:
                     reason="needs a CUDA GPU and NCCL")
 def test_nccl_collective_stays_in_one_cuda_graph(tmp_path):
     world = min(2, torch.cuda.device_count())  # one GPU: a 1-rank NCCL world still captures
-    mp.start_processes(_nccl_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world,
-                       start_method="spawn").join(timeout=300)
+    _join(mp.start_processes(_nccl_worker, args=(world, _free_port(), str(tmp_path)),
+                             nprocs=world, join=False, start_method="spawn"),
+          f"the {world}-rank NCCL world", deadline=300)
     for rank in range(world):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert r["equal"] == [True, True], r
@@ -209,16 +214,10 @@ def test_nccl_collective_stays_in_one_cuda_graph(tmp_path):
 def _cache_world(tmp_path, cache_dir, world, warm) -> list[dict]:
     out = tmp_path / f"out_{world}_{warm}"
     out.mkdir()
-    ctx = mp.start_processes(_world.cache_worker,
+    _join(mp.start_processes(_world.cache_worker,
                              args=(world, _free_port(), str(out), str(cache_dir), warm),
-                             nprocs=world, join=False, start_method="spawn")
-    import time
-    start = time.monotonic()
-    while not ctx.join(timeout=5):
-        if time.monotonic() - start > 120:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the cache_compile world did not finish in 120 s")
+                             nprocs=world, join=False, start_method="spawn"),
+          "the cache_compile world")
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
     for rank, r in enumerate(results):
         assert "error" not in r, f"rank {rank}:\n{r['error']}"

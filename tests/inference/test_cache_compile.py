@@ -804,3 +804,18 @@ def test_a_call_that_turns_grad_on_leaves_it_off(tmp_path):
         for _ in range(3):
             assert torch.equal(model.cached(x), x * 2)
             assert not torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("printed", [
+    "___check_obj_id(G['torch'], 140228965534112), type=<class 'module'>  # def f(x): ...  # a.py:5 in f",
+    # torch 2.11 prints the object's repr as the type hint
+    "___check_obj_id(G['torch'], 140228965534112), type=<module 'torch' from '/x/torch/__init__.py'>"
+    "  # def f(x): return torch.nn.functional.relu(x) + 1  # gcp.py:5 in f",
+    "___check_obj_id(G['torch'], 140228965534112), type=<code object relu at 0x7f65, file "
+    "\"/x/functional.py\", line 1712>",
+    "___check_obj_id(G['torch'], 140228965534112)",
+])
+def test_printed_identity_guards_parse_in_every_torch_form(printed):
+    from torchair.inference._guards import _clean
+
+    assert _clean(printed) == "___check_obj_id(G['torch'], 140228965534112)"

@@ -272,7 +272,8 @@ def test_seed_example_on_cuda_captures_one_graph_per_gear():
     x1, x2 = torch.ones(2, 2, device="cuda"), torch.ones(2, 2, device="cuda")
     set_dim_gears(x1, {0: [2, 4]})
     set_dim_gears(x2, {0: [2, 4]})
-    for n in (2, 4, 2, 4):
+    torch.testing.assert_close(model(x1, x2), x1 + x2)  # the gears travel on the first inputs
+    for n in (4, 2, 4):
         a, b = torch.randn(n, 2, device="cuda"), torch.randn(n, 2, device="cuda")
         torch.testing.assert_close(model(a, b), a + b)
     report = torchair.graph_reports()[-1]

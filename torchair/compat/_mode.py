@@ -23,13 +23,15 @@ storage constructors, ``torch.load(map_location="npu")`` and ``torch.autocast("n
 """
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["NpuDeviceMode", "make_device_class", "npu_string", "pop_mode"]
+__all__ = ["NpuDeviceMode", "make_device_class", "npu_string", "pop_mode", "route_factories",
+           "routes_factories_after_compile"]
 
 _REAL_DEVICE = torch._C.device  # torch.device itself; never replaced
 
@@ -40,7 +42,7 @@ def npu_string(base: str, spec: Any) -> str | None:
     ``base`` is the emulated device ("cpu", "cuda", "cuda:1"): "npu" -> base, "npu:i" -> "cpu"
     on the CPU (one device), else "cuda:i".
     """
-    if spec.__class__ is not str or not spec.startswith("npu"):
+    if type(spec) is not str or not spec.startswith("npu"):
         return None
     if spec == "npu":
         return base
@@ -83,6 +85,44 @@ class NpuDeviceMode(TorchFunctionMode):
     def _map(self, arg: Any) -> Any:
         mapped = npu_string(self.base, arg)
         return arg if mapped is None else mapped
+
+
+# Factories that eager hands to torch-function modes but torch 2.11's Dynamo does not: it routes a
+# call through the modes only for functions in its own overridable set, which there leaves out
+# those torch.overrides lists as ignored (2.13 has them). Traced, `torch.arange(8, device="npu")`
+# then reached fake tensors with "npu" in it. Adding them makes tracing do what eager does; with
+# no mode on the stack nothing changes (Dynamo routes only while a mode is active).
+_FACTORIES = ("arange", "tensor", "as_tensor", "randn", "rand", "randint", "randperm", "linspace",
+              "logspace", "eye", "empty_strided", "full_like", "scalar_tensor", "range")
+
+
+def route_factories() -> bool:
+    """Have Dynamo route the factories above through torch-function modes, as eager does.
+
+    Imports Dynamo's torch variables; returns False where this PyTorch has no such set."""
+    try:
+        from torch._dynamo.variables import torch as dynamo_torch
+
+        overridable = dynamo_torch.get_overridable_functions()
+    except (ImportError, AttributeError):
+        return False
+    if not isinstance(overridable, set):
+        return False
+    overridable.update(getattr(torch, name) for name in _FACTORIES if hasattr(torch, name))
+    return True
+
+
+def routes_factories_after_compile(compile_fn: Callable) -> Callable:
+    """``torch.compile`` that calls :func:`route_factories` once it has imported Dynamo (the
+    emulation does not import Dynamo itself: 1.6 s for scripts that never compile)."""
+
+    @functools.wraps(compile_fn)
+    def compile_(*args: Any, **kwargs: Any) -> Any:
+        result = compile_fn(*args, **kwargs)
+        route_factories()
+        return result
+
+    return compile_
 
 
 def pop_mode(mode: TorchFunctionMode) -> bool:
@@ -152,7 +192,7 @@ def make_device_class(base: str) -> type:
 
     def new_device(*args: Any, **kwargs: Any) -> torch.device:
         spec = args[0] if args else kwargs.get("type")
-        if spec.__class__ is not str or not spec.startswith("npu"):
+        if type(spec) is not str or not spec.startswith("npu"):
             return _REAL_DEVICE(*args, **kwargs)
         as_cuda = "cuda" + spec[3:]
         try:  # the real constructor checks the rest: "npu:x", index twice, negative index

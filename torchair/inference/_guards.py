@@ -22,7 +22,9 @@ from torchair.inference._guard_eval import (ADVISORY_KINDS, Globals, GuardSet, S
                                             describe_object, global_state, source_slot)
 
 _COMMENT = re.compile(r"\s+#.*$")
-_TYPE_SUFFIX = re.compile(r"\),\s*type=<class '.*'>.*$")
+# torch 2.13 prints `type=<class 'module'>`, torch 2.11 the object's repr: `type=<module 'torch'
+# from '...'>`, `type=<code object f at 0x..., file "...", line 3>`
+_TYPE_SUFFIX = re.compile(r"\),\s*type=<.*>$")
 _OBJ_ID = re.compile(r"___check_obj_id\((.*),\s*(\d+)\)")
 
 
