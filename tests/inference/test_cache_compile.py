@@ -819,3 +819,14 @@ def test_printed_identity_guards_parse_in_every_torch_form(printed):
     from torchair.inference._guards import _clean
 
     assert _clean(printed) == "___check_obj_id(G['torch'], 140228965534112)"
+
+
+@pytest.mark.parametrize("eps, holds", [(1e-6, True), (0.1, True), (float("nan"), False)])
+def test_torch_211_float_guard_reads_the_value_at_full_precision(eps, holds):
+    """torch 2.11 guards a float attribute as `x == ___as_tensor(x).item()`."""
+    from torchair.inference._guard_eval import Sources, compile_expression
+
+    sources = Sources()
+    fn = compile_expression("L['self'].eps == ___as_tensor(L['self'].eps).item()", sources)
+    values, error = sources.evaluate({"self": type("M", (), {"eps": eps})()}, {})
+    assert not error and fn(values) is holds

@@ -5,6 +5,13 @@ the general op's ValueError texts for bad lengths and block ids, masked cache sl
 CPU static unit binds it (and raises what eager raises); the graph the compile cache saves keeps
 the general op."""
 import ctypes
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -383,3 +390,64 @@ def _general_ifa(*args, **kwargs):
 
     with _ifa_fast.disabled():
         return IFA(*args, **kwargs)
+
+
+# ------------------------------------------------- the error check before a library is used
+
+def test_the_loaded_library_passed_the_error_check_in_a_child():
+    with open(_launch._lib._name + ".errors", encoding="utf-8") as f:
+        assert f.read().strip() == "ok"
+
+
+@pytest.mark.parametrize("code, verdict", [
+    ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "the child was killed by SIGSEGV"),
+    ("raise SystemExit('boom')", "the child exited with 1: boom"),
+    ("print('no')", "the child exited with 0: no"),
+])
+def test_a_library_whose_errors_kill_the_child_is_not_used(tmp_path, monkeypatch, torchair_log,
+                                                           code, verdict):
+    library = str(tmp_path / "launch_ops-x.so")
+    monkeypatch.setattr(_launch, "_PROBE_CODE", code)
+    assert not _launch.errors_reach_python(library)
+    assert (tmp_path / "launch_ops-x.so.errors").read_text().strip() == verdict
+    warned = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
+    assert any(verdict in m and "general ops" in m for m in warned), warned
+    monkeypatch.setattr(_launch, "_run_probe", lambda: pytest.fail("checked twice"))
+    assert not _launch.errors_reach_python(library)  # the kept verdict
+
+
+def test_a_library_that_passes_is_checked_once(tmp_path, monkeypatch):
+    library = str(tmp_path / "launch_ops-y.so")
+    monkeypatch.setattr(_launch, "_PROBE_CODE", "print('ok')")
+    assert _launch.errors_reach_python(library)
+    monkeypatch.setattr(_launch, "_run_probe", lambda: pytest.fail("checked twice"))
+    assert _launch.errors_reach_python(library)
+    monkeypatch.setenv(_launch.PROBE_ENV, "1")  # the child itself never checks
+    assert _launch.errors_reach_python(str(tmp_path / "never-checked.so"))
+    assert not (tmp_path / "never-checked.so.errors").exists()
+
+
+def test_a_refused_library_leaves_eager_errors_to_the_general_op(tmp_path):
+    """In a process whose kernel cache says the library's errors crash, nothing of it is used
+    and eager calls still raise the general op's ValueError."""
+    cache = tmp_path / "kernels"
+    shutil.copytree(pathlib.Path(_launch._lib._name).parent, cache)
+    (cache / (pathlib.Path(_launch._lib._name).name + ".errors")).write_text(
+        "the child was killed by SIGSEGV\n")
+    script = textwrap.dedent("""
+        import torch, torchair
+        from torchair.ops.attention.cpu import launch
+        assert not launch.available()
+        q, kv = torch.zeros(1, 8, 1, 64), torch.zeros(1, 2, 16, 64)
+        try:
+            torch.ops.npu.npu_incre_flash_attention(q, kv, kv, actual_seq_lengths=[-1],
+                                                    num_heads=8, num_key_value_heads=2,
+                                                    input_layout="BNSD", scale_value=0.125)
+        except ValueError as exc:
+            print("raised:", exc)
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=240, env=dict(os.environ, TORCHAIR_KERNEL_CACHE=str(cache)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "raised: " in run.stdout and "actual_seq_lengths" in run.stdout
+    assert "killed by SIGSEGV" in run.stderr  # the warning

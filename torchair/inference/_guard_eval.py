@@ -481,6 +481,10 @@ class _Compiler:
             except (ValueError, TypeError, RuntimeError) as error:
                 raise self.fail(f"device(...) with non-constant arguments ({error})") from None
             return lambda values: constant
+        if isinstance(func, ast.Attribute) and func.attr == "item" and not node.args \
+                and not node.keywords:  # torch 2.11: `x == ___as_tensor(x).item()` (a float)
+            inner = self.node(func.value)
+            return lambda values: inner(values).item()
         fn = _FUNCTIONS.get(name)
         if fn is None or node.keywords:
             raise self.fail(f"unsupported function {name!r}")
@@ -549,6 +553,8 @@ _FUNCTIONS: dict[str, Callable] = {
     "bool": bool, "math.isnan": _math("isnan"), "math.floor": _math("floor"),
     "math.ceil": _math("ceil"), "math.sqrt": _math("sqrt"), "math.trunc": _math("trunc"),
     "dict.keys": dict.keys,
+    # Dynamo's own binding of the name (a float source read as a tensor at full precision)
+    "___as_tensor": getattr(torch, "_as_tensor_fullprec", torch.as_tensor),
 }
 
 

@@ -33,6 +33,12 @@ without entering Python; everything else goes to the general op, registered for 
 ``torchair_native::ifa_general[_tensor]``. The Python fast path
 (:mod:`torchair.ops.attention.ifa_fast`) calls ``ifa_decode`` with window ends it has checked.
 
+Before a library is first used on a machine, a child process checks that its errors reach
+Python (:func:`errors_reach_python`): on one lent GPU host (Ubuntu, Python 3.12, torch 2.11, that
+host's compiler) every ValueError raised by the library killed the process with SIGSEGV, while
+the same code passes on this project's machines. A library that fails the check is not used; the
+verdict is kept beside it in the kernel cache.
+
 Nothing here is required: without a C++ compiler (``$CXX``, default ``c++``), with
 ``TORCHAIR_NATIVE_KERNELS=0`` or without the C kernel, :func:`available` is False and the units
 keep the general op.
@@ -42,6 +48,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import operator
+import os
+import signal
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -80,7 +90,7 @@ def _load() -> bool:
     if not _decode_native.available():
         return False
     lib = _native.load("launch_ops", symbols=_SYMBOLS)
-    if lib is None:
+    if lib is None or not errors_reach_python(lib._name):
         return False
     lib.torchair_launch_set_decode.argtypes = [ctypes.c_void_p]
     lib.torchair_launch_set_decode(ctypes.cast(_decode_native.kernel(), ctypes.c_void_p))
@@ -105,6 +115,98 @@ def _load() -> bool:
 
 
 _IFA_OPS = ("npu_incre_flash_attention", "npu_incre_flash_attention_tensor")
+
+PROBE_ENV = "TORCHAIR_LAUNCH_PROBE"  # set in the child that checks a library (no second check)
+PROBE_TIMEOUT_S = 180.0
+_PROBE_CODE = "from torchair.ops.attention.cpu import launch; launch._probe()"
+
+
+def errors_reach_python(library: str) -> bool:
+    """Whether the library's error path works here: a bad length raises ``ValueError`` in a
+    child process (exceptions from the library, thrown through PyTorch's dispatcher) and a
+    deferred one is kept. Checked once per library build; the verdict is kept in
+    ``<library>.errors`` ("ok", or why not)."""
+    if os.environ.get(PROBE_ENV):
+        return True
+    verdict_path = library + ".errors"
+    try:
+        with open(verdict_path, encoding="utf-8") as f:
+            verdict = f.read().strip()
+    except OSError:
+        verdict = ""
+    if not verdict:
+        verdict = _run_probe()
+        _write_verdict(verdict_path, verdict)
+    if verdict == "ok":
+        return True
+    logger.warning("launch kernels: the C++ library %s cannot raise its errors in this process "
+                   "(checked in a child process: %s); eager calls and static units use the "
+                   "general ops, which are slower (delete %s to check again, or set %s=0 to "
+                   "turn native kernels off)", library, verdict, verdict_path,
+                   _native.ENV_DISABLE)
+    return False
+
+
+def _run_probe() -> str:
+    """``"ok"``, or what went wrong in the child."""
+    env = dict(os.environ, **{PROBE_ENV: "1"})
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE_CODE], env=env, capture_output=True,
+                              text=True, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"no answer in {PROBE_TIMEOUT_S:.0f} s"
+    except OSError as exc:
+        return f"the child did not start ({exc})"
+    if done.returncode == 0 and done.stdout.strip().endswith("ok"):
+        return "ok"
+    if done.returncode < 0:
+        try:
+            name = signal.Signals(-done.returncode).name
+        except ValueError:
+            name = f"signal {-done.returncode}"
+        return f"the child was killed by {name}"
+    tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+    return f"the child exited with {done.returncode}: {tail[-400:]}"
+
+
+def _write_verdict(path: str, verdict: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                       encoding="utf-8") as f:  # private, as the cache's other files
+            f.write(verdict + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only cache: the check runs again in the next process
+        logger.info("launch kernels: could not keep the error check's verdict in %s (%s)",
+                    path, exc)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _probe() -> None:
+    """The child's side of :func:`errors_reach_python`: prints "ok" when both error paths
+    work (the process dies or exits non-zero otherwise)."""
+    if not _load():
+        raise SystemExit("the launch kernels did not load in the child")
+    q, kv = torch.zeros(1, 8, 1, 64), torch.zeros(1, 2, 16, 64)
+
+    def call(defer: bool) -> torch.Tensor:
+        return ifa_decode()(q, kv, kv, torch.tensor([-1]), None, None, 8, 2, LAYOUTS["BNSD"], 0,
+                            0.125, defer)
+
+    try:
+        call(False)
+    except ValueError as exc:
+        if "actual_seq_lengths" not in str(exc):
+            raise SystemExit(f"unexpected error text: {exc}") from None
+    else:
+        raise SystemExit("a negative length raised nothing")
+    call(True)
+    if _take() is None:
+        raise SystemExit("a deferred error was not kept")
+    print("ok")
 
 
 def _define_general() -> None:
