@@ -69,6 +69,17 @@ def check_inplace(rank: int, world: int, **kw) -> dict:
     return _compare(f, torch.arange(8.).reshape(4, 2) + 10 * rank, **kw)
 
 
+def _gloo_has_alltoall(world: int) -> bool:
+    try:
+        dist.all_to_all([torch.empty(1) for _ in range(world)],
+                        [torch.zeros(1) for _ in range(world)])
+    except RuntimeError as exc:
+        if "does not support alltoall" in str(exc):
+            return False
+        raise
+    return True
+
+
 def check_patch_for_hcom(rank: int, world: int) -> dict:
     from torchair.distributed import hcom
 
@@ -79,6 +90,8 @@ def check_patch_for_hcom(rank: int, world: int) -> dict:
         dist.all_to_all(outs, list((y * (rank + 2)).chunk(world)))
         return torch.cat(outs)
 
+    if not _gloo_has_alltoall(world):  # torch 2.11's gloo: no eager reference to compare with
+        return {"no_alltoall": torch.__version__}
     x = torch.arange(8.).reshape(4, 2) + 10 * rank
     result: dict = {}
     try:

@@ -73,6 +73,9 @@ def test_inplace_collectives_match_eager_on_every_rank(world):
 def test_patch_for_hcom_traces_broadcast_and_all_to_all(world):
     for rank in world:
         r = rank["patch_for_hcom"]
+        if "no_alltoall" in r:  # gloo gained all_to_all after torch 2.11: nothing to compare with
+            assert torch.torch_version.TorchVersion(torch.__version__) < (2, 13), r
+            pytest.skip(f"gloo has no all_to_all in torch {r['no_alltoall']}")
         assert r["unpatched"] != "compiled"  # Dynamo alone cannot trace them
         assert r["idempotent"] and r["restored"], r
         p = r["patched"]
