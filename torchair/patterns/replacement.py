@@ -21,6 +21,7 @@ A rejected candidate is logged at DEBUG with the reason. All patterns (the defau
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import threading
@@ -38,6 +39,9 @@ _table = None  # the PatternMatcherPass holding every registered pattern (create
 _names: list[str] = []
 _sources: list[tuple[str, str]] = []  # (name, source of search_fn + replace_fn), for cache keys
 _counts: dict[str, int] | None = None  # per-pattern rewrites of the pass now running
+# The first match's kwargs while PyTorch re-checks it (see _validated): torch 2.11 drops them.
+_first_match_kwargs: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "torchair_first_match_kwargs", default=None)
 
 
 def torch_supported() -> bool:
@@ -191,6 +195,7 @@ def _logged(name: str, check: Callable, replay: Callable, same: Callable) -> Cal
     def run(match) -> bool:
         node = match.output_nodes()[0] if match.nodes else None
         reason = "the graph differs from the pattern at its real shapes/arguments"
+        token = _first_match_kwargs.set(dict(match.kwargs))
         try:
             ok = bool(check(match))
             if ok:
@@ -202,6 +207,8 @@ def _logged(name: str, check: Callable, replay: Callable, same: Callable) -> Cal
             ok, reason = False, str(rejected)
         except Exception as error:  # noqa: BLE001 - e.g. a fake kernel refusing the re-trace
             ok, reason = False, f"checking it raised {type(error).__name__}: {error}"
+        finally:
+            _first_match_kwargs.reset(token)
         if ok:
             if _counts is not None:
                 _counts[name] = _counts.get(name, 0) + 1
@@ -234,6 +241,13 @@ def _within_one_scope(match) -> None:
 
 
 def _validated(search_fn: Callable, replace_fn: Callable, extra_check: Callable, match) -> bool:
+    # ``match`` is PyTorch's re-match at the real shapes. Torch 2.11 re-traces search_fn with the
+    # graph's own scalar (e.g. eps=1e-05), not the ``scalar_workaround`` example, so the scalar is
+    # a literal of the re-traced pattern and its name is missing from this match's kwargs (torch
+    # 2.13 fills such names in from the first match). Fill them in the same way, from the first
+    # match: the re-match has already checked the graph holds that very value.
+    for key, value in (_first_match_kwargs.get() or {}).items():
+        match.kwargs.setdefault(key, value)
     if not extra_check(match):
         raise _Rejected("extra_check returned False")
     args = [_value(match.kwargs[p]) for p in inspect.signature(search_fn).parameters]
