@@ -38,9 +38,12 @@ run environment 60 python3 -c "import torch, triton, platform, os
 print('python', platform.python_version(), 'torch', torch.__version__, 'triton', triton.__version__)
 print('cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-')
 p = torch.cuda.get_device_properties(0); print('sm', p.major, p.minor, 'SMs', p.multi_processor_count, 'cpus', os.cpu_count())"
-arch=$(python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.major * 10 + p.minor)")
+arch=$(timeout 60 python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.major * 10 + p.minor)")
+# pytest-xdist spreads the suites over the cores where it is installed (it cannot be installed
+# on a machine without a package index); without it they run in one process
+xdist() { timeout 30 python3 -c "import xdist" 2>/dev/null && echo "-n $1 $2"; }
 TAIL=30 run pytest_cuda "${T_CUDA:-180}" python3 -m pytest -q -m cuda -p no:cacheprovider -rfE \
-    -n 4 --dist loadfile --continue-on-collection-errors tests
+    $(xdist 4 "--dist loadfile") --continue-on-collection-errors tests
 run demo "${T_DEMO:-70}" python3 -m torchair demo --device cuda --batch 1 4 --steps 16 --no-progress \
     --json "$out/demo_cuda.json"
 run decode_step "${T_STEP:-120}" python3 bench/bench_decode_step.py --device cuda --rounds 8 --warm-cache \
@@ -50,6 +53,6 @@ run decode_attention "${T_ATTN:-45}" python3 bench/bench_decode_attention.py --d
 run triton_static "${T_STATIC:-30}" python3 -m torchair.ops.toolchain.triton_aot --arch "$arch" \
     --json "$out/triton_sm${arch}_static.json"
 TAIL=25 run cpu_suite "${T_CPU:-80}" python3 -m pytest -q -m "not cuda and not inductor" \
-    -p no:cacheprovider -rfE -n 12 tests
+    -p no:cacheprovider -rfE $(xdist 12) tests
 rm -f "$step_out"
 exit $status

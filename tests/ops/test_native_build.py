@@ -289,3 +289,12 @@ def test_symbols_must_be_a_tuple_of_names(kernels):
         _native.load("probe", symbols="probe_add")
     with pytest.raises(TypeError, match="non-empty symbol names"):
         _native.load("probe", symbols=("probe_add", ""))
+
+
+def test_removing_a_stem_removes_the_files_kept_beside_its_libraries(tmp_path):
+    stem = "launch_ops-0123"
+    files = [f"{stem}.json", f"{stem}-aa.so", f"{stem}-aa.so.errors", f"{stem}-aa.so.errors.lock"]
+    for name in [*files, "launch_ops-9999-bb.so.errors"]:
+        (tmp_path / name).write_text("x")
+    _native._remove(tmp_path, stem)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["launch_ops-9999-bb.so.errors"]

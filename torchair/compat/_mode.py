@@ -31,7 +31,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 __all__ = ["NpuDeviceMode", "make_device_class", "npu_string", "pop_mode", "route_factories",
-           "routes_factories_after_compile"]
+           "routes_factories_after_compile", "unroute_factories"]
 
 _REAL_DEVICE = torch._C.device  # torch.device itself; never replaced
 
@@ -91,35 +91,55 @@ class NpuDeviceMode(TorchFunctionMode):
 # call through the modes only for functions in its own overridable set, which there leaves out
 # those torch.overrides lists as ignored (2.13 has them). Traced, `torch.arange(8, device="npu")`
 # then reached fake tensors with "npu" in it. Adding them makes tracing do what eager does; with
-# no mode on the stack nothing changes (Dynamo routes only while a mode is active).
+# no mode on the stack nothing changes (Dynamo routes only while a mode is active). The set is
+# Dynamo's, process-wide: the emulation takes out what it added when it is restored. Dynamo first
+# imported by something else than torch.compile during the emulation (torch.export) is not
+# covered.
 _FACTORIES = ("arange", "tensor", "as_tensor", "randn", "rand", "randint", "randperm", "linspace",
               "logspace", "eye", "empty_strided", "full_like", "scalar_tensor", "range")
 
 
-def route_factories() -> bool:
-    """Have Dynamo route the factories above through torch-function modes, as eager does.
-
-    Imports Dynamo's torch variables; returns False where this PyTorch has no such set."""
+def _dynamo_overridable() -> set | None:
     try:
         from torch._dynamo.variables import torch as dynamo_torch
 
         overridable = dynamo_torch.get_overridable_functions()
     except (ImportError, AttributeError):
-        return False
-    if not isinstance(overridable, set):
-        return False
-    overridable.update(getattr(torch, name) for name in _FACTORIES if hasattr(torch, name))
-    return True
+        return None
+    return overridable if isinstance(overridable, set) else None
 
 
-def routes_factories_after_compile(compile_fn: Callable) -> Callable:
-    """``torch.compile`` that calls :func:`route_factories` once it has imported Dynamo (the
-    emulation does not import Dynamo itself: 1.6 s for scripts that never compile)."""
+def route_factories() -> list:
+    """Have Dynamo route the factories above through torch-function modes, as eager does.
+
+    Imports Dynamo's torch variables. Returns the functions it added (none where this PyTorch
+    routes them already or has no such set), for :func:`unroute_factories`."""
+    overridable = _dynamo_overridable()
+    if overridable is None:
+        return []
+    added = [fn for fn in (getattr(torch, name) for name in _FACTORIES if hasattr(torch, name))
+             if fn not in overridable]
+    overridable.update(added)
+    return added
+
+
+def unroute_factories(added: list) -> None:
+    """Undo :func:`route_factories` (what it added; nothing when Dynamo was never imported)."""
+    if added and "torch._dynamo" in sys.modules:
+        overridable = _dynamo_overridable()
+        if overridable is not None:
+            overridable.difference_update(added)
+
+
+def routes_factories_after_compile(compile_fn: Callable, added: list) -> Callable:
+    """``torch.compile`` that calls :func:`route_factories` once it has imported Dynamo,
+    collecting what it added in ``added`` (the emulation does not import Dynamo itself: 1.6 s
+    for scripts that never compile)."""
 
     @functools.wraps(compile_fn)
     def compile_(*args: Any, **kwargs: Any) -> Any:
         result = compile_fn(*args, **kwargs)
-        route_factories()
+        added.extend(route_factories())
         return result
 
     return compile_

@@ -25,7 +25,7 @@ import torch
 from torchair.compat._device import emulated_string, resolve_device
 from torchair.compat._distributed import distributed_patches, make_torch_npu_distributed
 from torchair.compat._mode import (NpuDeviceMode, make_device_class, pop_mode, route_factories,
-                                   routes_factories_after_compile)
+                                   routes_factories_after_compile, unroute_factories)
 from torchair.compat._npu_namespace import make_npu_namespace
 from torchair.compat._streams import HostStream
 from torchair.compat._torch_npu import make_torch_npu
@@ -171,10 +171,12 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
     emulation._set(torch.nn.Module, "npu", module_npu)
     emulation._set(torch, "device", make_device_class(str(target)))
     emulation._push_mode(NpuDeviceMode(str(target), HostStream if target.type == "cpu" else None))
+    routed: list = []  # factories Dynamo routes through the mode because of us (torch 2.11)
     if "torch._dynamo" in sys.modules:
-        route_factories()
+        routed += route_factories()
     else:
-        emulation._set(torch, "compile", routes_factories_after_compile(torch.compile))
+        emulation._set(torch, "compile", routes_factories_after_compile(torch.compile, routed))
+    emulation._undo.append(lambda: unroute_factories(routed))
     _active = emulation
     logger.info("torch_npu emulated by torchair: the NPU is %s", target)
     return emulation

@@ -481,8 +481,10 @@ class _Compiler:
             except (ValueError, TypeError, RuntimeError) as error:
                 raise self.fail(f"device(...) with non-constant arguments ({error})") from None
             return lambda values: constant
-        if isinstance(func, ast.Attribute) and func.attr == "item" and not node.args \
-                and not node.keywords:  # torch 2.11: `x == ___as_tensor(x).item()` (a float)
+        if (isinstance(func, ast.Attribute) and func.attr == "item" and not node.args
+                and not node.keywords and isinstance(func.value, ast.Call)
+                and ast.unparse(func.value.func) == "___as_tensor"):
+            # torch 2.11 guards a float as `x == ___as_tensor(x).item()`
             inner = self.node(func.value)
             return lambda values: inner(values).item()
         fn = _FUNCTIONS.get(name)
@@ -553,9 +555,11 @@ _FUNCTIONS: dict[str, Callable] = {
     "bool": bool, "math.isnan": _math("isnan"), "math.floor": _math("floor"),
     "math.ceil": _math("ceil"), "math.sqrt": _math("sqrt"), "math.trunc": _math("trunc"),
     "dict.keys": dict.keys,
-    # Dynamo's own binding of the name (a float source read as a tensor at full precision)
-    "___as_tensor": getattr(torch, "_as_tensor_fullprec", torch.as_tensor),
+    # torch 2.11 reads an instance's __dict__ past any custom __getattribute__
+    "object.__getattribute__": object.__getattribute__,
 }
+if hasattr(torch, "_as_tensor_fullprec"):  # Dynamo's own binding of the name (float64 for a float)
+    _FUNCTIONS["___as_tensor"] = torch._as_tensor_fullprec
 
 
 def _tensor_check(c: _Compiler, node: ast.Call) -> Fn:

@@ -22,9 +22,12 @@ from torchair.inference._guard_eval import (ADVISORY_KINDS, Globals, GuardSet, S
                                             describe_object, global_state, source_slot)
 
 _COMMENT = re.compile(r"\s+#.*$")
-# torch 2.13 prints `type=<class 'module'>`, torch 2.11 the object's repr: `type=<module 'torch'
-# from '...'>`, `type=<code object f at 0x..., file "...", line 3>`
-_TYPE_SUFFIX = re.compile(r"\),\s*type=<.*>$")
+# An identity check as Dynamo prints it: the call, then a type hint and a comment. torch 2.13
+# prints `type=<class 'module'>`; torch 2.11 the object's repr, which may hold anything
+# (`<module 'torch' from '...'>`, `functools.partial(<function g at 0x1>, 2)`, several lines,
+# a " #"): keep the call, up to the first `, <id>)` that ends the text or starts the hint.
+_ID_CALL = re.compile(r"(___check_(?:obj|type)_id\(.*?,\s*\d+\))(?:,\s*type=.*|\s+#.*)?$",
+                      re.S)
 _OBJ_ID = re.compile(r"___check_obj_id\((.*),\s*(\d+)\)")
 
 
@@ -46,10 +49,12 @@ def new_entry(code: Any, before: set[int]) -> Any:
 
 def _clean(part: str) -> str:
     """Dynamo's printed guard without its trailing comment and type hint."""
-    text = _COMMENT.sub("", part.strip())
+    text = part.strip()
     if text.startswith("___check_type_id(") or text.startswith("___check_obj_id("):
-        text = _TYPE_SUFFIX.sub(")", text)
-    return text.strip()
+        call = _ID_CALL.match(text)
+        if call is not None:
+            return call.group(1)
+    return _COMMENT.sub("", text).strip()
 
 
 def _walk(manager: Any, out: list) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -333,8 +334,11 @@ def _libraries(directory: pathlib.Path, stem: str) -> list[pathlib.Path]:
 
 def _remove(directory: pathlib.Path, stem: str) -> None:
     """Remove the record, then every library, of ``stem`` (the record first: a crash in between
-    leaves libraries without a record, which the next load removes)."""
-    for path in [directory / f"{stem}.json", *_libraries(directory, stem)]:
+    leaves libraries without a record, which the next load removes), with the files kept beside
+    each library (``<library>.<what>``, e.g. the launch kernels' error-check verdict)."""
+    libraries = _libraries(directory, stem)
+    beside = [p for lib in libraries for p in directory.glob(glob.escape(lib.name) + ".*")]
+    for path in [directory / f"{stem}.json", *libraries, *beside]:
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -46,9 +46,10 @@ keep the general op.
 from __future__ import annotations
 
 import ctypes
-import functools
 import operator
 import os
+import pathlib
+import secrets
 import signal
 import subprocess
 import sys
@@ -84,8 +85,21 @@ def available() -> bool:
     return _native.enabled() and _load()
 
 
-@functools.lru_cache(maxsize=None)
+_load_lock = threading.Lock()
+_load_result: bool | None = None
+
+
 def _load() -> bool:
+    """Load, check and register the library once per process (threads wait for the first)."""
+    global _load_result
+    if _load_result is None:
+        with _load_lock:
+            if _load_result is None:
+                _load_result = _load_now()
+    return _load_result
+
+
+def _load_now() -> bool:
     global _fake_lib, _take_error, _lib, _pending
     if not _decode_native.available():
         return False
@@ -116,69 +130,94 @@ def _load() -> bool:
 
 _IFA_OPS = ("npu_incre_flash_attention", "npu_incre_flash_attention_tensor")
 
-PROBE_ENV = "TORCHAIR_LAUNCH_PROBE"  # set in the child that checks a library (no second check)
+PROBE_ENV = "TORCHAIR_LAUNCH_PROBE"  # in the checking child: the library it must load
 PROBE_TIMEOUT_S = 180.0
 _PROBE_CODE = "from torchair.ops.attention.cpu import launch; launch._probe()"
+_PROBE_FAILED = 3  # the child's exit status when an error path misbehaved without crashing
+_PROBE_OTHER_LIBRARY = 4  # ... when it loaded another library than the one to check
+# what a broken error path does to the child; anything else (a timeout, SIGKILL from an OOM
+# killer, Ctrl-C, a child that cannot import torchair) says nothing about the library
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE}
 
 
 def errors_reach_python(library: str) -> bool:
     """Whether the library's error path works here: a bad length raises ``ValueError`` in a
-    child process (exceptions from the library, thrown through PyTorch's dispatcher) and a
-    deferred one is kept. Checked once per library build; the verdict is kept in
-    ``<library>.errors`` ("ok", or why not)."""
+    child process (an exception thrown by the library through PyTorch's dispatcher) and a
+    deferred one is kept. Checked once per library build, one process at a time; the verdict
+    ("ok", or how the child failed) is kept in ``<library>.errors`` beside it. A check that says
+    nothing about the library (a timeout, a child that could not start) keeps no verdict: this
+    process does without the library and the next one checks again."""
     if os.environ.get(PROBE_ENV):
         return True
-    verdict_path = library + ".errors"
+    path = pathlib.Path(library + ".errors")
     try:
-        with open(verdict_path, encoding="utf-8") as f:
-            verdict = f.read().strip()
-    except OSError:
-        verdict = ""
-    if not verdict:
-        verdict = _run_probe()
-        _write_verdict(verdict_path, verdict)
+        with _native._locked(path.with_name(path.name + ".lock")):
+            raw = _native._read_private(path)
+            verdict = raw.decode(errors="replace").strip() if raw else ""
+            kept = bool(verdict)
+            if not kept:
+                verdict, kept = _run_probe(library)
+                if kept:
+                    _write_verdict(path, verdict)
+    except (OSError, RuntimeError) as exc:  # an unsafe or unreadable file, no lock
+        verdict, kept = f"its verdict file cannot be used ({exc})", False
     if verdict == "ok":
         return True
-    logger.warning("launch kernels: the C++ library %s cannot raise its errors in this process "
-                   "(checked in a child process: %s); eager calls and static units use the "
-                   "general ops, which are slower (delete %s to check again, or set %s=0 to "
-                   "turn native kernels off)", library, verdict, verdict_path,
-                   _native.ENV_DISABLE)
+    hint = (f"delete {path} to check again" if kept else "the next process checks again")
+    logger.warning("launch kernels: the C++ library %s cannot be shown to raise its errors in "
+                   "this process (checked in a child process: %s); eager calls and static units "
+                   "use the general ops, which are slower (%s, or set %s=0 to turn native "
+                   "kernels off)", library, verdict, hint, _native.ENV_DISABLE)
     return False
 
 
-def _run_probe() -> str:
-    """``"ok"``, or what went wrong in the child."""
-    env = dict(os.environ, **{PROBE_ENV: "1"})
+def _run_probe(library: str) -> tuple[str, bool]:
+    """(verdict, whether it is about the library): ``("ok", True)`` when the child passed."""
+    import torchair
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(torchair.__file__)))
+    env = dict(os.environ, **{PROBE_ENV: library})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     try:
-        done = subprocess.run([sys.executable, "-c", _PROBE_CODE], env=env, capture_output=True,
-                              text=True, timeout=PROBE_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return f"no answer in {PROBE_TIMEOUT_S:.0f} s"
+        child = subprocess.Popen([sys.executable, "-c", _PROBE_CODE], env=env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)  # its own group: killed as a whole
     except OSError as exc:
-        return f"the child did not start ({exc})"
-    if done.returncode == 0 and done.stdout.strip().endswith("ok"):
-        return "ok"
-    if done.returncode < 0:
-        try:
-            name = signal.Signals(-done.returncode).name
-        except ValueError:
-            name = f"signal {-done.returncode}"
-        return f"the child was killed by {name}"
-    tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-    return f"the child exited with {done.returncode}: {tail[-400:]}"
-
-
-def _write_verdict(path: str, verdict: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
+        return f"the child did not start ({exc})", False
     try:
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
-                       encoding="utf-8") as f:  # private, as the cache's other files
+        out, err = child.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        child.communicate()
+        return f"no answer in {PROBE_TIMEOUT_S:.0f} s", False
+    rc = child.returncode
+    if rc == 0 and out.strip().endswith("ok"):
+        return "ok", True
+    if rc < 0:
+        try:
+            sig = signal.Signals(-rc)
+        except ValueError:
+            return f"the child was killed by signal {-rc}", False
+        return f"the child was killed by {sig.name}", sig in _CRASH_SIGNALS
+    tail = " | ".join((err or out).strip().splitlines()[-3:])[-400:]
+    return f"the child exited with {rc}: {tail}", rc == _PROBE_FAILED
+
+
+def _write_verdict(path: pathlib.Path, verdict: str) -> None:
+    """Write ``path`` atomically, private, never through a planted file or link (a ``.tmp-``
+    name the cache's sweep removes if this process dies in between)."""
+    tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(8)}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, _native._FILE_MODE)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(verdict + "\n")
         os.replace(tmp, path)
     except OSError as exc:  # a read-only cache: the check runs again in the next process
-        logger.info("launch kernels: could not keep the error check's verdict in %s (%s)",
-                    path, exc)
+        logger.warning("launch kernels: could not keep the error check's verdict in %s (%s); "
+                       "each process checks again", path, exc)
         try:
             os.unlink(tmp)
         except OSError:
@@ -187,25 +226,34 @@ def _write_verdict(path: str, verdict: str) -> None:
 
 def _probe() -> None:
     """The child's side of :func:`errors_reach_python`: prints "ok" when both error paths
-    work (the process dies or exits non-zero otherwise)."""
+    work; exits with ``_PROBE_FAILED`` when one misbehaves (or dies, when one crashes)."""
     if not _load():
         raise SystemExit("the launch kernels did not load in the child")
+    if os.path.abspath(_lib._name) != os.path.abspath(os.environ[PROBE_ENV]):
+        print(f"the child loaded {_lib._name}, not {os.environ[PROBE_ENV]}", file=sys.stderr)
+        raise SystemExit(_PROBE_OTHER_LIBRARY)
     q, kv = torch.zeros(1, 8, 1, 64), torch.zeros(1, 2, 16, 64)
 
     def call(defer: bool) -> torch.Tensor:
         return ifa_decode()(q, kv, kv, torch.tensor([-1]), None, None, 8, 2, LAYOUTS["BNSD"], 0,
                             0.125, defer)
 
+    def failed(why: str) -> None:
+        print(why, file=sys.stderr)
+        raise SystemExit(_PROBE_FAILED)
+
     try:
         call(False)
     except ValueError as exc:
         if "actual_seq_lengths" not in str(exc):
-            raise SystemExit(f"unexpected error text: {exc}") from None
+            failed(f"unexpected error text: {exc}")
+    except Exception as exc:  # noqa: BLE001 - the wrong type is the finding
+        failed(f"a negative length raised {type(exc).__name__}, not ValueError: {exc}")
     else:
-        raise SystemExit("a negative length raised nothing")
+        failed("a negative length raised nothing")
     call(True)
     if _take() is None:
-        raise SystemExit("a deferred error was not kept")
+        failed("a deferred error was not kept")
     print("ok")
 
 
