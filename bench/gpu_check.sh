@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything torchair checks on a lent GPU, in one call (under 10 minutes on an H100/H200), each
 # step bounded by its own timeout so that a hang costs one step, not the lease:
+#   0. the C++ launch library's error check (bench/gpu_launch_probe.sh: a native backtrace
+#      under cuda-gdb when it fails, as every raised ValueError did on the first lent H200);
 #   1. the tests marked `cuda` (compiled Triton kernels against the references, CUDA graphs);
 #   2. `torchair demo` on CUDA (tokens graph == eager, speed, CUDA graphs per gear);
 #   3. the decode step on CUDA (eager / inductor / torchair paths / reduce-overhead);
@@ -42,6 +44,7 @@ arch=$(timeout 60 python3 -c "import torch; p = torch.cuda.get_device_properties
 # pytest-xdist spreads the suites over the cores where it is installed (it cannot be installed
 # on a machine without a package index); without it they run in one process
 xdist() { timeout 30 python3 -c "import xdist" 2>/dev/null && echo "-n $1 $2"; }
+TAIL=40 run launch_probe "${T_PROBE:-300}" bash bench/gpu_launch_probe.sh
 TAIL=30 run pytest_cuda "${T_CUDA:-180}" python3 -m pytest -q -m cuda -p no:cacheprovider -rfE \
     $(xdist 4 "--dist loadfile") --continue-on-collection-errors tests
 run demo "${T_DEMO:-70}" python3 -m torchair demo --device cuda --batch 1 4 --steps 16 --no-progress \
