@@ -175,6 +175,11 @@ def run_config(device, dtype, batch, length, rounds, budget_s, gen):
         row[f"{name}_ms"] = med * 1e3
         row[f"{name}_GBps"] = row["bytes"] / med / 1e9
         row[f"{name}_GFLOPs"] = 4 * batch * HEADS * length * DIM / med / 1e9  # QK^T + PV
+    if device == "cuda":  # the GPU's own time, without the per-call launch and synchronize
+        for name, fn in variants.items():
+            us = H.device_time_us(fn)
+            row[f"{name}_device_us"] = us
+            row[f"{name}_device_GBps"] = None if us is None else row["bytes"] / us / 1e3
     if has_kernel:
         row["speedup_vs_sdpa"] = stats["sdpa"]["median"] / stats["kernel"]["median"]
         row["paired_speedup_vs_sdpa"] = H.paired_ratios(times["sdpa"], times["kernel"])["median"]
@@ -199,6 +204,13 @@ def profile_kernel(device, dtype, batch, length, gen, steps=3):
         H.synchronizer(device)()
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=12)
+
+
+def _num(value, divisor=None) -> float:
+    """``value`` (/ ``divisor``) for a table cell; NaN (printed "nan") where either is None."""
+    if value is None or (divisor is not None and not divisor):
+        return float("nan")
+    return value / divisor if divisor is not None else value
 
 
 def main(argv=None):
@@ -280,6 +292,18 @@ def main(argv=None):
                               "x read bw", "GFLOP/s", "blas ms", "vs blas", "sdpa ms",
                               "vs sdpa", "paired", "check", "rounds"], table))
         print()
+        if device == "cuda":
+            rows = [r for r in payload["rows"] if r["device"] == device]
+            print("GPU time per call (CUDA-graph replay of 20 calls, CUDA events; the table "
+                  "above is wall time per call, launch and synchronize included):")
+            print(H.format_table(
+                ["dtype", "B", "kv_len", "kernel us", "GB/s", "x copy bw", "sdpa us", "vs sdpa"],
+                [[r["dtype"], r["batch"], r["kv_len"], _num(r.get("kernel_device_us")),
+                  _num(r.get("kernel_device_GBps")),
+                  _num(r.get("kernel_device_GBps"), bw / 1e9),
+                  _num(r.get("sdpa_device_us")),
+                  _num(r.get("sdpa_device_us"), r.get("kernel_device_us"))] for r in rows]))
+            print()
         if args.profile and device in _decode._kernels:
             for dname in dtypes:
                 text = profile_kernel(device, DTYPES[dname], 8, max(args.lengths), gen)
