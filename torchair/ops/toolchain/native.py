@@ -64,7 +64,7 @@ except ImportError:  # not POSIX: builds are still atomic, only not deduplicated
     fcntl = None
 
 __all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "cache_dir", "cpu_signature",
-           "enabled", "load"]
+           "enabled", "load", "write_private"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
@@ -396,16 +396,23 @@ def _sync_output(tmp: pathlib.Path) -> bytes:
 
 def _write_record(directory: pathlib.Path, stem: str, record: dict) -> None:
     """Write ``<stem>.json`` atomically and durably, mode 0600."""
+    write_private(directory / f"{stem}.json", json.dumps(record, indent=1, sort_keys=True).encode())
+
+
+def write_private(path: pathlib.Path, data: bytes) -> None:
+    """Write ``path`` in the cache atomically and durably, mode 0600, never through a planted
+    file or link (the data goes to a new ``.tmp-`` file, swept if this process dies, then is
+    renamed into place)."""
     from torchair.inference._cache_store import _fsync_dir, _write_file
 
-    tmp = directory / f".tmp-{stem}-{secrets.token_hex(6)}.json"
+    tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(6)}")
     try:
-        _write_file(tmp, json.dumps(record, indent=1, sort_keys=True).encode())
-        os.replace(tmp, directory / f"{stem}.json")
+        _write_file(tmp, data)
+        os.replace(tmp, path)
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-    _fsync_dir(directory)
+    _fsync_dir(path.parent)
 
 
 @contextlib.contextmanager

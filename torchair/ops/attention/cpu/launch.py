@@ -49,7 +49,6 @@ import ctypes
 import operator
 import os
 import pathlib
-import secrets
 import signal
 import subprocess
 import sys
@@ -207,21 +206,11 @@ def _run_probe(library: str) -> tuple[str, bool]:
 
 
 def _write_verdict(path: pathlib.Path, verdict: str) -> None:
-    """Write ``path`` atomically, private, never through a planted file or link (a ``.tmp-``
-    name the cache's sweep removes if this process dies in between)."""
-    tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(8)}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, _native._FILE_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(verdict + "\n")
-        os.replace(tmp, path)
+        _native.write_private(path, (verdict + "\n").encode())
     except OSError as exc:  # a read-only cache: the check runs again in the next process
         logger.warning("launch kernels: could not keep the error check's verdict in %s (%s); "
                        "each process checks again", path, exc)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def _probe() -> None:
