@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from torchair.core.utils import env_switch, logger, progress
+from torchair.runtime._blas_strides import blas_strides
 
 Engine = Callable[[list], Sequence[Any]]
 
@@ -259,6 +260,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, stati
 
         inner = _Inner()
         with contextlib.ExitStack() as stack:
+            stack.enter_context(blas_strides())
             if cpp:
                 stack.enter_context(inductor_config.patch(cpp_wrapper=True))
             if static:  # AOT's own cache would hand back a wrapped function without calling
@@ -391,7 +393,8 @@ def aot_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, dir
     try:
         with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
             library = os.path.join(tmp, LIBRARY)
-            with progress(f"{what}: compiling a shared library with AOTInductor"):
+            with progress(f"{what}: compiling a shared library with AOTInductor"), \
+                    blas_strides():
                 aot_compile(_tuple_output(_for_inductor(gm, True, what)), tuple(example_inputs),
                             options={"aot_inductor.output_path": library})
             files = {LIBRARY: os.path.join(out, LIBRARY)}
