@@ -40,8 +40,12 @@ def test_fx_engine_two_gears_tokens_equal_one_compile_static(tmp_path, capsys):
     assert [len(r["graph_tokens"]) for r in result["rows"]] == [1, 3]
     assert all(len(seq) == 5 for r in result["rows"] for seq in r["graph_tokens"])
     assert "static build: yes" in out and "Dynamo compiles: 1   recompiles: 0" in out
-    assert "OK: the graph's tokens equal eager's exactly" in out
-    assert "eager ms/step" in out and "speedup" in out
+    assert "OK: the compiled steps' tokens (graph and cached) equal eager's exactly" in out
+    assert "eager ms/step" in out and "speedup" in out and "cached ms/step" in out
+    for r in result["rows"]:  # the cache_compile step: its own tokens, one Dynamo trace in all
+        assert r["cached_tokens_equal"] and r["cached_tokens"] == r["eager_tokens"]
+        assert r["cached_x_floor"] == pytest.approx(r["cached_ms"] / r["floor_ms"])
+    assert sum(r["cached_dynamo_graphs"] for r in result["rows"]) == 1
     assert "floor ms" in out and "graph x floor" in out
     assert result["read_bandwidth"]["gb_per_s"] > 0
     for r in result["rows"]:  # the floor, and each variant as a multiple of it (no timing bound)
@@ -51,8 +55,10 @@ def test_fx_engine_two_gears_tokens_equal_one_compile_static(tmp_path, capsys):
 
 
 def test_one_batch_size_is_mark_static_without_gears(tmp_path, capsys):
-    code, result = _run(tmp_path, "--engine", "fx", "--batch", "2", "--no-rope")
+    code, result = _run(tmp_path, "--engine", "fx", "--batch", "2", "--no-rope",
+                        "--no-cache-compile")
     assert code == 0
+    assert "cached_ms" not in result["rows"][0]
     assert result["tokens_equal"] and result["build_static"] and result["recompiles"] == 0
     assert result["built_gears"] == []
     assert "built gears: none (one batch size)" in capsys.readouterr().out
@@ -70,7 +76,23 @@ def test_mismatch_exits_1_with_a_clear_line(tmp_path, monkeypatch, capsys):
     code, result = _run(tmp_path, "--engine", "fx", "--batch", "1", "2")
     assert code == 1 and not result["tokens_equal"]
     assert result["rows"][0]["first_mismatch"] == [0, 0]
-    assert "MISMATCH: the graph's tokens differ from eager's at batch sizes [1, 2]" in \
+    out = capsys.readouterr().out
+    assert "MISMATCH: the tokens differ from eager's: graph at batch sizes [1, 2]" in out
+    assert all(r["cached_tokens_equal"] for r in result["rows"])  # cache_compile's own step
+
+
+def test_cached_step_mismatch_also_fails_the_demo(tmp_path, monkeypatch, capsys):
+    real = demo_run._cache_compile
+
+    def wrong(*args, **kwargs):
+        step = real(*args, **kwargs)
+        return lambda *a, **k: (step(*a, **k) + 1) % 64
+
+    monkeypatch.setattr(demo_run, "_cache_compile", wrong)
+    code, result = _run(tmp_path, "--engine", "fx", "--batch", "2")
+    assert code == 1 and not result["tokens_equal"]
+    assert result["rows"][0]["tokens_equal"] and not result["rows"][0]["cached_tokens_equal"]
+    assert "MISMATCH: the tokens differ from eager's: cached at batch sizes [2]" in \
         capsys.readouterr().out
 
 

@@ -842,3 +842,45 @@ def test_torch_211_float_guard_reads_the_value_at_full_precision(eps, holds):
     fn = compile_expression("L['self'].eps == ___as_tensor(L['self'].eps).item()", sources)
     values, error = sources.evaluate({"self": type("M", (), {"eps": eps})()}, {})
     assert not error and fn(values) is holds
+
+
+class _GearStep(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = torch.nn.Linear(8, 8)
+
+    def step(self, x):
+        return self.l(x).relu().sum(-1)
+
+
+@pytest.mark.parametrize("process", ["cold", "warm"])
+def test_gear_marks_are_needed_on_the_first_served_call_only(tmp_path, no_dynamo, log, process):
+    """As under torch.compile, where Dynamo reads set_dim_gears marks only when it traces: the
+    first call a process serves from a gears entry carries the marks (a warm process's first
+    call without them falls back, test_cache_never_stale.py), later calls with fresh unmarked
+    tensors of any gear are served from the same entry."""
+    from torchair.inference import set_dim_gears
+
+    model = _GearStep().eval()
+    marked = torch.randn(2, 8)
+    set_dim_gears(marked, {0: [2, 4]})
+    cold = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    with torch.no_grad():
+        cold(marked)
+    served = cold
+    if process == "warm":
+        torch._dynamo.reset()
+        served = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+        again = torch.randn(4, 8)
+        set_dim_gears(again, {0: [2, 4]})
+        no_dynamo()
+        with torch.no_grad():
+            assert _equal(served(again), model.step(again))
+    no_dynamo()
+    for batch in (2, 4, 2):
+        x = torch.randn(batch, 8)  # no marks
+        with torch.no_grad():
+            assert _equal(served(x), model.step(x))
+    assert not _messages(log), _messages(log)
+    assert served.runtime is not None and served.runtime.gears is None

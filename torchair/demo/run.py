@@ -10,18 +10,23 @@ embedding) is compiled once with::
 
 every tensor input ``mark_static`` except the batch dim, which takes the ``--batch`` sizes as
 gears (``torchair.inference.set_dim_gears``), so each batch size runs as one static launch unit.
-The prompt is prefilled eagerly, token by token through the same step; then eager and the
-compiled step generate side by side (each with its own KV cache, alternating which goes first),
-and the demo prints per-step latency, compile counts, the gears and whether the tokens match.
-Exit code 0 only when the compiled step's tokens equal eager's exactly.
+The prompt is prefilled eagerly, token by token through the same step; then eager, the
+compiled step and the same step through ``torchair.inference.cache_compile`` (TorchAir's serving
+entry: the same path-4 launch unit, later calls checked by torchair's own guards instead of
+Dynamo's per-call work; ``--no-cache-compile`` leaves it out) generate side by side (each with its
+own KV cache, rotating which goes first), and the demo prints per-step latency, compile counts,
+the gears and whether the tokens match. Exit code 0 only when every compiled step's tokens equal
+eager's exactly.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Sequence
 
@@ -72,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                         "NCCL on cuda), heads / KV heads / SwiGLU split Megatron-style, and "
                         "check the tokens against the unsharded (TP=1) decoder (default 1)")
     p.add_argument("--tp-worker", metavar="RESULT", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--no-cache-compile", action="store_true",
+                   help="leave out the cache_compile variant (the same step served through "
+                        "torchair.inference.cache_compile, without Dynamo's per-call work)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of PyTorch (torch.set_num_threads; default: PyTorch's)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts and block tables")
@@ -136,6 +144,16 @@ def _compile(model: Decoder, engine: str) -> Callable:
     return torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
 
 
+def _cache_compile(model: Decoder, engine: str, cache_dir: str) -> Callable:
+    """The same step through ``cache_compile`` (entries in ``cache_dir``): its first call
+    compiles path 4 with Dynamo as ``_compile``'s does; later calls run the launch unit it built
+    after torchair's own checks of the call (``$TORCHAIR_CACHE_GUARDS``), without Dynamo."""
+    config = torchair.CompilerConfig()
+    config.experimental_config.tiling_schedule_optimize = True
+    config.debug.run_eagerly = engine == "fx"
+    return torchair.inference.cache_compile(model.forward, config=config, cache_dir=cache_dir)
+
+
 def _dynamo_graphs() -> int:
     """Graphs Dynamo has compiled in this process (a recompile adds one)."""
     from torch._dynamo.utils import counters
@@ -156,32 +174,38 @@ def _mark(args: tuple, batches: Sequence[int]) -> None:
 
 
 def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: int,
-              caches: tuple[PagedKVCache, PagedKVCache], first_compile: bool, bar: Bar,
-              sync: Callable[[], None], bandwidth: dict[str, Any]) -> dict[str, Any]:
-    """Prefill both caches eagerly, then generate ``args.steps`` tokens with eager and the
-    compiled step side by side; the compiled step feeds on its own tokens. The weight GEMVs
-    alone (the floor's compute part) run in the same loop, timed the same way."""
+              caches: tuple[PagedKVCache, ...], first_compile: bool, bar: Bar,
+              sync: Callable[[], None], bandwidth: dict[str, Any],
+              cached: Callable | None = None) -> dict[str, Any]:
+    """Prefill the caches eagerly, then generate ``args.steps`` tokens with eager, the compiled
+    step and (``cached``: the ``cache_compile`` step, with a third cache) side by side; each
+    compiled step feeds on its own tokens. The weight GEMVs alone (the floor's compute part)
+    run in the same loop, timed the same way."""
     gen = torch.Generator().manual_seed(args.seed + 1000 + batch)
     prompt = torch.randint(0, cfg.vocab, (batch, args.prompt_len), generator=gen)
     prompt = prompt.to(args.device)
+    fns = {"eager": model, "graph": compiled}
+    if cached is not None:
+        fns["cached"] = cached
     runs = {}
-    for name, cache in zip(("eager", "graph"), caches):
+    for name, cache in zip(fns, caches):
         run = _Run(cache, cache.reset(batch), prompt[:, :1])
         for p in range(args.prompt_len):  # prefill, eager, one token at a time
             run.token = prompt[:, p:p + 1]
             out = model(*_inputs(run, p, batch, args.device))
         run.token = out
         runs[name] = run
-    fns = {"eager": model, "graph": compiled}
     gemv = GemvFloor.of_module(model, batch)
     gemv()  # untimed first call, as the steps' first (compiling) call
     gemv_s: list[float] = []
     kv_bytes: list[int] = []
     itemsize = caches[0].k[0].element_size()
-    first_call_s = None
+    first_call_s: dict[str, float] = {}
+    cached_graphs = 0  # Dynamo graphs the cache_compile step traced (its cold call: 1)
+    names = (*fns, "floor")
     for i in range(args.steps):
         position = args.prompt_len + i
-        order = ("eager", "graph", "floor")[i % 3:] + ("eager", "graph", "floor")[:i % 3]
+        order = names[i % len(names):] + names[:i % len(names)]
         for name in order:
             if name == "floor":
                 if i > 0:
@@ -191,36 +215,49 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
                 continue
             run = runs[name]
             step_args = _inputs(run, position, batch, args.device)
-            if name == "graph" and i == 0:
+            before = _dynamo_graphs() if name == "cached" else 0
+            if name != "eager" and i == 0:
                 if first_compile:
                     _mark(step_args, args.batch)
-                what = (f"batch {batch}: compiling the decode step (Dynamo + torchair, "
-                        f"{args.engine} engine)" if first_compile else
-                        f"batch {batch}: building its gear")
+                what = {"graph": f"batch {batch}: compiling the decode step (Dynamo + torchair, "
+                                 f"{args.engine} engine)" if first_compile else
+                                 f"batch {batch}: building its gear",
+                        "cached": f"batch {batch}: compiling the decode step through "
+                                  f"cache_compile" if first_compile else
+                                  f"batch {batch}: building its gear (cache_compile)"}[name]
                 with bar.waiting(what):
-                    out, first_call_s = _timed(fns[name], step_args, sync)
+                    out, first_call_s[name] = _timed(fns[name], step_args, sync)
             else:
                 out, seconds = _timed(fns[name], step_args, sync)
                 if i > 0:
                     run.seconds.append(seconds)
+            if name == "cached":
+                cached_graphs += _dynamo_graphs() - before
             run.token = out
             run.tokens.append(out.clone())
         bar.update(bar.done + 1, f"batch {batch}: {i + 1}/{args.steps} tokens",
                    milestone=i + 1 == args.steps)
-    eager_tokens = torch.cat(runs["eager"].tokens, dim=1).cpu()
-    graph_tokens = torch.cat(runs["graph"].tokens, dim=1).cpu()
-    eager_ms = statistics.median(runs["eager"].seconds) * 1e3
-    graph_ms = statistics.median(runs["graph"].seconds) * 1e3
+    tokens = {name: torch.cat(run.tokens, dim=1).cpu() for name, run in runs.items()}
+    ms = {name: statistics.median(run.seconds) * 1e3 for name, run in runs.items()}
     gemv_ms = statistics.median(gemv_s) * 1e3
     kv = statistics.mean(kv_bytes)
     floor_ms = floor_us(gemv_ms * 1e3, kv, bandwidth["gb_per_s"]) / 1e3
-    return {"batch": batch, "eager_ms": eager_ms, "graph_ms": graph_ms,
-            "speedup": eager_ms / graph_ms, "floor_ms": floor_ms, "gemv_ms": gemv_ms,
-            "kv_bytes_per_step": kv, "eager_x_floor": x_floor(eager_ms, floor_ms),
-            "graph_x_floor": x_floor(graph_ms, floor_ms), "graph_first_call_s": first_call_s,
-            "tokens_equal": torch.equal(eager_tokens, graph_tokens),
-            "first_mismatch": _first_mismatch(eager_tokens, graph_tokens),
-            "eager_tokens": eager_tokens.tolist(), "graph_tokens": graph_tokens.tolist()}
+    row = {"batch": batch, "eager_ms": ms["eager"], "graph_ms": ms["graph"],
+           "speedup": ms["eager"] / ms["graph"], "floor_ms": floor_ms, "gemv_ms": gemv_ms,
+           "kv_bytes_per_step": kv, "eager_x_floor": x_floor(ms["eager"], floor_ms),
+           "graph_x_floor": x_floor(ms["graph"], floor_ms),
+           "graph_first_call_s": first_call_s["graph"],
+           "tokens_equal": torch.equal(tokens["eager"], tokens["graph"]),
+           "first_mismatch": _first_mismatch(tokens["eager"], tokens["graph"]),
+           "eager_tokens": tokens["eager"].tolist(), "graph_tokens": tokens["graph"].tolist()}
+    if cached is not None:
+        row.update(cached_ms=ms["cached"], cached_speedup=ms["eager"] / ms["cached"],
+                   cached_x_floor=x_floor(ms["cached"], floor_ms),
+                   cached_first_call_s=first_call_s["cached"],
+                   cached_tokens_equal=torch.equal(tokens["eager"], tokens["cached"]),
+                   cached_first_mismatch=_first_mismatch(tokens["eager"], tokens["cached"]),
+                   cached_tokens=tokens["cached"].tolist(), cached_dynamo_graphs=cached_graphs)
+    return row
 
 
 def _first_mismatch(a: torch.Tensor, b: torch.Tensor) -> list[int] | None:
@@ -236,13 +273,24 @@ def _describe(args, cfg: DemoConfig) -> str:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    headers = ["batch", "eager ms/step", "graph ms/step", "speedup", "floor ms",
-               "eager x floor", "graph x floor", "graph 1st call s", "tokens equal"]
-    cells = [[str(r["batch"]), f"{r['eager_ms']:.3f}", f"{r['graph_ms']:.3f}",
-              f"{r['speedup']:.2f}x", f"{r['floor_ms']:.3f}", f"{r['eager_x_floor']:.1f}",
-              f"{r['graph_x_floor']:.1f}", f"{r['graph_first_call_s']:.2f}",
-              "yes" if r["tokens_equal"] else f"NO (first at {r['first_mismatch']})"]
-             for r in rows]
+    cached = all("cached_ms" in r for r in rows)
+    headers = ["batch", "eager ms/step", "graph ms/step", "speedup"]
+    headers += ["cached ms/step", "speedup"] if cached else []
+    headers += ["floor ms", "eager x floor", "graph x floor"]
+    headers += ["cached x floor"] if cached else []
+    headers += ["graph 1st call s", "tokens equal"]
+    cells = []
+    for r in rows:
+        row = [str(r["batch"]), f"{r['eager_ms']:.3f}", f"{r['graph_ms']:.3f}",
+               f"{r['speedup']:.2f}x"]
+        row += [f"{r['cached_ms']:.3f}", f"{r['cached_speedup']:.2f}x"] if cached else []
+        row += [f"{r['floor_ms']:.3f}", f"{r['eager_x_floor']:.1f}", f"{r['graph_x_floor']:.1f}"]
+        row += [f"{r['cached_x_floor']:.1f}"] if cached else []
+        equal = "yes" if r["tokens_equal"] else f"NO (first at {r['first_mismatch']})"
+        if cached and not r["cached_tokens_equal"]:
+            equal = (f"{'graph yes' if r['tokens_equal'] else equal}; cached NO (first at "
+                     f"{r['cached_first_mismatch']})")
+        cells.append(row + [f"{r['graph_first_call_s']:.2f}", equal])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     line = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))  # noqa: E731
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
@@ -300,9 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for param in model.parameters():
         param.requires_grad_(False)
     compiled = _compile(model, args.engine)
+    cache_dir = None if args.no_cache_compile else tempfile.mkdtemp(prefix="torchair-demo-")
+    cached = None if cache_dir is None else _cache_compile(model, args.engine, cache_dir)
     graphs_before = _dynamo_graphs()
+    # eager's, the graph's and the cached step's; the same block tables
     caches = tuple(PagedKVCache(cfg, max(args.batch), device, dtype, args.seed)
-                   for _ in range(2))  # eager's and the graph's; the same block tables
+                   for _ in range(2 if cached is None else 3))
     reports_before = len(torchair.graph_reports())
     bandwidth = read_bandwidth(device, sync=sync)
     bar = Bar(len(args.batch) * args.steps, enabled=not args.no_progress)
@@ -311,17 +362,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         with torch.no_grad():
             for k, batch in enumerate(args.batch):
                 rows.append(_generate(args, cfg, model, compiled, batch, caches, k == 0, bar,
-                                      sync, bandwidth))
+                                      sync, bandwidth, cached=cached))
     finally:
         bar.close()
+        if cache_dir is not None:
+            shutil.rmtree(cache_dir, ignore_errors=True)
     reports = torchair.graph_reports()[reports_before:]
-    summary = _summary(reports[-1] if reports else None, _dynamo_graphs() - graphs_before,
-                       len(reports))
-    ok = all(r["tokens_equal"] for r in rows)
+    cached_graphs = sum(r.get("cached_dynamo_graphs", 0) for r in rows)
+    # the torch.compile graph compiles first (its report is the first); cache_compile's own
+    # Dynamo trace is counted apart
+    summary = _summary(reports[0] if reports else None,
+                       _dynamo_graphs() - graphs_before - cached_graphs, len(reports))
+    ok = all(r["tokens_equal"] and r.get("cached_tokens_equal", True) for r in rows)
 
-    print("\nper-step latency (median over the generated tokens after the first; eager and "
-          "graph alternate, side by side):")
+    print("\nper-step latency (median over the generated tokens after the first; eager, graph"
+          f"{'' if cached is None else ' and cached'} rotate, side by side):")
     print(_table(rows))
+    if cached is not None:
+        served = "" if cached_graphs == 1 else (f" (Dynamo traced it {cached_graphs} times: a "
+                                                f"call did not fit the cached graph)")
+        print("cached = the same step through torchair.inference.cache_compile: its first call "
+              "compiles as graph's does, later calls run that launch unit after torchair's "
+              f"checks of the call, without Dynamo's per-call work{served}")
     print(f"floor = the step's weight GEMVs alone (F.linear with the same weights, timed in the "
           f"same loop) + the KV bytes it reads at {bandwidth['gb_per_s']:.1f} GB/s (read "
           f"bandwidth: {bandwidth['method']}); x floor = ms/step / floor")
@@ -341,13 +403,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "its neighbours; npu_incre_flash_attention runs the same CPU kernel as eager")
     wall = time.perf_counter() - start
     total = sum(len(r["eager_tokens"]) * args.steps for r in rows)
+    both = "" if cached is None else " (graph and cached)"
     if ok:
-        print(f"OK: the graph's tokens equal eager's exactly ({total} tokens over batch sizes "
-              f"{args.batch}); wall time {wall:.1f} s")
+        print(f"OK: the compiled steps' tokens{both} equal eager's exactly ({total} tokens "
+              f"over batch sizes {args.batch}); wall time {wall:.1f} s")
     else:
         bad = [r["batch"] for r in rows if not r["tokens_equal"]]
-        print(f"MISMATCH: the graph's tokens differ from eager's at batch sizes {bad}; wall time "
-              f"{wall:.1f} s")
+        bad_cached = [r["batch"] for r in rows if not r.get("cached_tokens_equal", True)]
+        what = "; ".join(f"{name} at batch sizes {sizes}" for name, sizes in
+                         (("graph", bad), ("cached", bad_cached)) if sizes)
+        print(f"MISMATCH: the tokens differ from eager's: {what}; wall time {wall:.1f} s")
     if args.json:
         payload = {"config": vars(args), "model": dataclasses.asdict(cfg), "rows": rows,
                    **summary, "tokens_equal": ok, "wall_s": wall,

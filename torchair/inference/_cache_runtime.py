@@ -149,7 +149,8 @@ class Runtime:
                      enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap}
         self._input_checks = [_InputCheck(info) for info in inputs]
         self.checks = _InputChecks(self._input_checks, self.guards.tensor_inputs(self.n_inputs))
-        self.gears = _gear_marks(meta["unit"], inputs)
+        # the marks the first call served from the entry must carry (None: checked already)
+        self.gears: dict | None = _gear_marks(meta["unit"], inputs)
         self._check = self.guards.check
         self.aot = meta["aot"]
         self.output = meta["output"]
@@ -201,11 +202,16 @@ class Runtime:
         why = self.checks.mismatch(flat)
         if why:
             return why, []
-        for k, (name, expected) in self.gears.items():
-            found = get_dim_gears(flat[k])
-            if found != expected:
-                return (f"graph input `{name}` has gears {found}, the entry was built for "
-                        f"gears {expected}"), []
+        if self.gears is not None:
+            for k, (name, expected) in self.gears.items():
+                found = get_dim_gears(flat[k])
+                if found != expected:
+                    return (f"graph input `{name}` has gears {found}, the entry was built for "
+                            f"gears {expected}"), []
+            # Dynamo reads the marks only when it traces: once a call with them is served (this
+            # process's "trace"), later calls without marks run the same graph, as under
+            # torch.compile, where a step's fresh input tensors carry no marks
+            self.gears = None
         return "", flat
 
     def __call__(self, flat: list) -> Any:
@@ -225,7 +231,8 @@ class Runtime:
 
 def _gear_marks(unit: dict, inputs: list) -> dict[int, tuple[str, dict | None]]:
     """Per user tensor input, the ``set_dim_gears`` marks the cold call had (None: no gears).
-    A warm call must carry the same marks: other gears would trace (and fail) differently."""
+    A process's first call from the entry must carry the same marks: other gears would trace
+    (and fail) differently."""
     marks: dict[int, tuple[str, dict | None]] = {
         k: (info.name, None) for k, info in enumerate(inputs) if info.kind == "tensor"}
     if unit["kind"] == "gears":
