@@ -84,3 +84,51 @@ def _check_one_row_products(cpp: bool) -> None:
 
     stock = compile_fx(make_fx(_norm_linear)(x, w, n, b), [x, w, n, b])
     assert _clones(lambda args: stock(*args), [x, w, n, b]) >= 1
+
+
+def test_mm_and_addmm_restride_their_matrix_operands_only(monkeypatch):
+    from torchair.runtime import _blas_strides
+
+    monkeypatch.setattr(_blas_strides, "_restride", lambda x: ("restrided", x))
+    calls = []
+    mm = _blas_strides._wrap(lambda *a, **k: calls.append((a, k)), (0, 1))
+    addmm = _blas_strides._wrap(lambda *a, **k: calls.append((a, k)), (1, 2))
+    mm("a", "b", layout="L")
+    addmm("bias", "a", "b", beta=2)
+    assert calls == [((("restrided", "a"), ("restrided", "b")), {"layout": "L"}),
+                     (("bias", ("restrided", "a"), ("restrided", "b")), {"beta": 2})]
+
+
+def _row_and_broadcast(x, w, b):
+    row = (x * 3).view(1, -1)                # a [1, K] buffer Inductor views with strides (0, 1)
+    wide = row.expand(4, -1)                 # a real zero stride: 4 rows of the same data
+    return [row @ w.t(), torch.addmm(b, (x * 5).view(1, -1), w.t()), wide @ w.t()]
+
+
+@pytest.mark.inductor
+def test_broadcast_operands_are_left_alone_and_products_equal_eager(monkeypatch):
+    """A broadcast operand (a real zero stride over several rows) keeps its strides; the row
+    operand is restrided; every product (mm, addmm, broadcast) equals eager."""
+    import torch._inductor.config as inductor_config
+
+    from torchair.runtime import _blas_strides
+
+    seen = []
+    real = _blas_strides.blas_compatible
+
+    def spy(size, stride):
+        new = real(size, stride)
+        seen.append(([int(d) for d in size], [int(d) for d in stride], new))
+        return new
+
+    monkeypatch.setattr(_blas_strides, "blas_compatible", spy)
+    x, w, b = torch.randn(1, 1, 256), torch.randn(128, 256), torch.randn(128)
+    gm = make_fx(_row_and_broadcast)(x, w, b)
+    with inductor_config.patch(force_disable_caches=True):
+        engine, _ = engines.inductor_engine(gm, [x, w, b], "test graph", cpp_wrapper=True)
+    assert ([1, 256], [0, 1], [256, 1]) in seen  # the row
+    assert ([4, 256], [0, 1], None) in seen  # the broadcast keeps its zero stride
+    for _ in range(2):
+        x = torch.randn(1, 1, 256)
+        for got, want in zip(engine([x, w, b]), _row_and_broadcast(x, w, b)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
