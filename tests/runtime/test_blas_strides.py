@@ -132,3 +132,32 @@ def test_broadcast_operands_are_left_alone_and_products_equal_eager(monkeypatch)
         x = torch.randn(1, 1, 256)
         for got, want in zip(engine([x, w, b]), _row_and_broadcast(x, w, b)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_patch_changes_inductors_cache_key_only_inside():
+    import torch._inductor.config as inductor_config
+
+    assert inductor_config.post_grad_custom_pre_pass is None
+    with blas_strides():
+        marker = inductor_config.post_grad_custom_pre_pass
+        assert marker.uuid() == "torchair.blas_strides.1"
+        marker(None)  # a no-op pass
+    assert inductor_config.post_grad_custom_pre_pass is None
+
+
+@pytest.mark.inductor
+def test_code_cached_without_the_patch_is_not_served_with_it(tmp_path, monkeypatch):
+    """Inductor's FX-graph cache on (a fresh cache directory): a compile without the patch
+    stores code that copies; the torchair compile of the same graph gets its own entry."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x, w, n, b = torch.randn(1, 1, 64), torch.randn(48, 64), torch.randn(64), torch.randn(48)
+    with inductor_config.patch(fx_graph_cache=True, force_disable_caches=False):
+        stock = compile_fx(make_fx(_norm_linear)(x, w, n, b),
+                           engines._static_fakes([x, w, n, b]))
+        assert _clones(lambda args: stock(*args), [x, w, n, b]) >= 1
+        engine, _ = engines.inductor_engine(make_fx(_norm_linear)(x, w, n, b), [x, w, n, b],
+                                            "test graph", cpp_wrapper=False)
+        assert _clones(engine, [x, w, n, b]) == 0

@@ -8,7 +8,11 @@ about 10 us per product inside a decode step; four per step in the bench decoder
 storage viewed with strides ``(K, 1)`` addresses the same elements and passes ATen's check.
 
 :func:`blas_strides` patches Inductor's ``mm`` and ``addmm`` lowerings, while torchair compiles
-a graph, to restride such operands. Symbolic sizes and every other layout are left as they are.
+a graph, to restride such operands (a symbolic row length too: ``(s0, 1)`` addresses the same
+elements for any ``s0``); every other layout is left as it is. The patch swaps entries of
+Inductor's process-wide lowering table, so an Inductor compile in another thread at the same time
+gets it too (its code stays correct). It also puts a marker pass into Inductor's FX-graph cache
+key, so code cached by a compile without the patch is not served to one with it.
 """
 from __future__ import annotations
 
@@ -63,6 +67,38 @@ def _wrap(lowering: Callable, operands: tuple[int, ...]) -> Callable:
     return patched
 
 
+def _cache_marker() -> Any:
+    """A no-op post-grad pass whose uuid enters Inductor's FX-graph cache key (None where this
+    PyTorch has no such passes)."""
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+    except ImportError:
+        return None
+
+    class BlasStrides(CustomGraphPass):
+        def __call__(self, graph: Any) -> None:
+            return None
+
+        def uuid(self) -> str:
+            return "torchair.blas_strides.1"
+
+    return BlasStrides()
+
+
+@contextlib.contextmanager
+def _keyed() -> Iterator[None]:
+    """Inductor's ``post_grad_custom_pre_pass`` set to the marker while no one else uses it
+    (torchair runs its users' passes itself): a changed cache key, nothing else."""
+    import torch._inductor.config as inductor_config
+
+    marker = _cache_marker()
+    if marker is None or getattr(inductor_config, "post_grad_custom_pre_pass", 0) is not None:
+        yield
+        return
+    with inductor_config.patch(post_grad_custom_pre_pass=marker):
+        yield
+
+
 @contextlib.contextmanager
 def blas_strides() -> Iterator[None]:
     """While active, Inductor's ``mm`` / ``addmm`` lowerings restride one-row (one-column)
@@ -78,7 +114,8 @@ def blas_strides() -> Iterator[None]:
         saved[op] = current
         lowering.lowerings[op] = _wrap(current, operands)
     try:
-        yield
+        with _keyed():
+            yield
     finally:
         for op, current in saved.items():
             lowering.lowerings[op] = current
