@@ -659,10 +659,12 @@ def _dispatch_keys(t: torch.Tensor, tls: tuple, seen: dict) -> frozenset:
 # ---------------------------------------------------------------------------- guard sets
 
 class _Guard:
-    __slots__ = ("kind", "code", "source", "fn", "read")
+    __slots__ = ("kind", "code", "source", "fn", "read", "type_of", "obj")
 
-    def __init__(self, kind: str, code: str, source: str, fn: Fn, read: set) -> None:
+    def __init__(self, kind: str, code: str, source: str, fn: Fn, read: set,
+                 type_of: list | None = None, obj: dict | None = None) -> None:
         self.kind, self.code, self.source, self.fn, self.read = kind, code, source, fn, read
+        self.type_of, self.obj = type_of, obj  # what identity checks compare (recorded)
 
 
 # Bumped whenever any nn.Module gets a parameter, buffer or submodule assigned (PyTorch's global
@@ -690,6 +692,8 @@ def module_epoch() -> int:
 
 
 _TENSOR_DICTS = ("._parameters", "._buffers")
+# the per-call check as one generated function (0: its general form; see _guard_codegen)
+ENV_CODEGEN = "TORCHAIR_GUARD_CODEGEN"
 
 
 class TensorMemo:
@@ -762,7 +766,8 @@ class GuardSet:
                     read: set[int] = set()
                     fn = compile_expression(code, self.sources, type_of=rec.get("type"),
                                             obj=rec.get("obj"), read=read)
-                    self.guards.append(_Guard(kind, code, rec.get("source", ""), fn, read))
+                    self.guards.append(_Guard(kind, code, rec.get("source", ""), fn, read,
+                                              rec.get("type"), rec.get("obj")))
         self.inputs = [source_slot(s, self.sources) for s in input_sources]
         self._per_call: tuple | None = None  # see :meth:`watch_arguments`
         self._tensor_slots = {source_slot(g.source, self.sources) for g in self.guards
@@ -854,7 +859,27 @@ class GuardSet:
         self._checked_epoch = -1
         self._state_snapshot: Any = None
         self._blind_spots: tuple = ()
+        self._program = self._generate()
         _watch_modules()
+
+    def _generate(self) -> Callable[[dict, Any], list | None] | None:
+        """The per-call check as one generated function (:mod:`._guard_codegen`), or None
+        (``$TORCHAIR_GUARD_CODEGEN=0``, or a check it does not cover)."""
+        from torchair.core.utils import env_switch, logger
+        from torchair.inference._guard_codegen import NotGenerated, per_call_program
+
+        if not env_switch(ENV_CODEGEN):
+            return None
+        try:
+            return per_call_program(self)
+        except (NotGenerated, SyntaxError) as why:
+            logger.debug("cache_compile: the per-call check runs in its general form (%s)", why)
+            return None
+
+    def dict_inputs(self) -> list:
+        """(graph input index, its module dict's slot, key) of the inputs read from a module's
+        ``_parameters`` / ``_buffers`` dict on per-call checks ([] before watch_arguments)."""
+        return list(self._per_call[2]) if self._per_call is not None else []
 
     def _process_state_per_call(self) -> str:
         """:meth:`_process_state` through a snapshot of the whole process state taken after the
@@ -886,6 +911,11 @@ class GuardSet:
         why = self._process_state_per_call()
         if why:
             return why, []
+        program = self._program
+        if program is not None:
+            flat = program(frame, globals_)
+            if flat is not None:
+                return "", flat
         if not isinstance(globals_, Globals):
             globals_ = Globals(globals_)
         values, why = self.sources.evaluate_some(frame, globals_, steps)

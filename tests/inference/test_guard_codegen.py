@@ -1,0 +1,132 @@
+"""The generated per-call check (``_guard_codegen``) serves exactly the calls the general check
+serves: for valid calls it returns the same graph inputs (the same objects), for every call the
+general check refuses it returns None, and it never compiles recorded text."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchair
+from torchair.inference import _guard_codegen, cache_compile
+
+
+class _Many(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = torch.nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 2.0))
+
+    def step(self, x, lens: list, opts: dict, pair: tuple, k: int):
+        y = self.l(x) * self.scale + lens[0] + len(lens)
+        if opts["mode"] == "a":
+            y = y * opts["alpha"]
+        if k > 2:
+            y = y + pair[0] - pair[1]
+        return y.relu() + x.size(0)
+
+
+def _config():
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = True
+    return config
+
+
+def _calls():
+    """(args, whether the general check should serve it) pairs around the traced call."""
+    x = torch.randn(2, 8)
+    a, b = torch.randn(2, 8), torch.randn(2, 8)
+    good = (x, [3, 4], {"mode": "a", "alpha": 1.5}, (a, b), 5)
+    return good, [
+        (good, True),
+        ((torch.randn(2, 8), [7, 4], {"mode": "a", "alpha": 2.5}, (a, b), 6), True),
+        ((torch.randn(3, 8), [3, 4], {"mode": "a", "alpha": 1.5},
+          (torch.randn(3, 8), torch.randn(3, 8)), 5), None),                # another batch
+        ((x, [3, 4, 5], {"mode": "a", "alpha": 1.5}, (a, b), 5), False),   # list length
+        ((x, [3.0, 4], {"mode": "a", "alpha": 1.5}, (a, b), 5), False),    # element type
+        ((x, (3, 4), {"mode": "a", "alpha": 1.5}, (a, b), 5), False),      # list -> tuple
+        ((x, [3, 4], {"mode": "b", "alpha": 1.5}, (a, b), 5), False),      # branch taken
+        ((x, [3, 4], {"mode": "a", "alpha": 1.5}, (a, a), 5), False),      # aliasing
+        ((x, [3, 4], {"mode": "a", "alpha": 1.5}, (a, b), 1), False),      # k > 2 no more
+        ((x, [3, 4], {"mode": "a", "alpha": 1.5}, (a, b), 5.0), False),    # int -> float
+        ((x.t().contiguous().t(), [3, 4], {"mode": "a", "alpha": 1.5}, (a, b), 5), None),
+    ]
+
+
+def test_generated_check_agrees_with_the_general_check(tmp_path):
+    model = _Many().eval()
+    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    good, calls = _calls()
+    with torch.no_grad():
+        for _ in range(3):  # cold call, first served call (full check), first per-call check
+            cached(*good)
+    guards = cached.runtime.guards
+    program = guards._program
+    assert program is not None, "the generator covers these guards"
+    assert "per_call" in program.source and "L[" not in program.source
+    served = 0
+    for args, expected in calls:
+        frame = cached.frame(args, {})
+        fast = program(frame, cached.frame.globals)
+        guards._program = None  # the general form
+        try:
+            why, flat = guards.check_arguments(frame, cached.frame.globals)
+        finally:
+            guards._program = program
+        if expected is not None:
+            assert (why == "") == expected, (args, why)
+        if fast is not None:
+            served += 1
+            assert why == "" and len(fast) == len(flat)
+            assert all(a is b for a, b in zip(fast, flat)), "the same graph inputs"
+        # the general check may serve a call the generated one leaves to it (a memo miss)
+    assert served >= 2
+
+
+def test_calls_served_through_the_generated_check_equal_eager(tmp_path, monkeypatch):
+    model = _Many().eval()
+    good, calls = _calls()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)  # each refusal recompiles
+    torch._dynamo.reset()
+    for codegen in ("1", "0"):
+        monkeypatch.setenv("TORCHAIR_GUARD_CODEGEN", codegen)
+        cached = cache_compile(model.step, cache_dir=tmp_path / codegen, config=_config())
+        with torch.no_grad():
+            cached(*good)
+            assert (cached.runtime.guards._program is not None) == (codegen == "1")
+            for args, _ in calls:
+                got, want = cached(*args), model.step(*args)
+                torch.testing.assert_close(got, want)
+        torch._dynamo.reset()
+
+
+def test_no_recorded_text_reaches_the_generated_code(tmp_path):
+    """Keys and constants are bound by name: a dict key that looks like code stays data."""
+    class Odd(torch.nn.Module):
+        def step(self, x, opts: dict):
+            return x * opts["a'] + __import__('os').getpid() + ['"] + 1
+
+    cached = cache_compile(Odd().step, cache_dir=tmp_path / "c", config=_config())
+    key = "a'] + __import__('os').getpid() + ['"
+    with torch.no_grad():
+        for _ in range(3):
+            cached(torch.ones(2), {key: 2.0})
+        program = cached.runtime.guards._program
+        if program is not None:
+            assert "__import__" not in program.source and "getpid" not in program.source
+        assert torch.equal(cached(torch.ones(2), {key: 3.0}), torch.full((2,), 4.0))
+
+
+def test_an_uncovered_guard_keeps_the_general_check():
+    class Fake:
+        _per_call = ([], [], [])
+        _untensored = [type("G", (), {"code": "device(type='cpu')", "type_of": None,
+                                      "obj": None})()]
+        _memo = type("M", (), {"slots": ()})()
+        inputs: list = []
+
+    from torchair.inference._guard_eval import Sources
+
+    Fake.sources = Sources()
+    with pytest.raises(_guard_codegen.NotGenerated):
+        _guard_codegen.per_call_program(Fake())

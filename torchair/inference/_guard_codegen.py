@@ -1,0 +1,265 @@
+"""The per-call check of a cached frame as one generated Python function.
+
+:meth:`GuardSet.check_arguments <torchair.inference._guard_eval.GuardSet.check_arguments>` runs
+on every call ``cache_compile`` serves. Its general form walks a list of getter steps and a tree
+of closures per guard: about a hundred small Python calls, each of which, in a decode loop, runs
+with the caches the step's weights evicted (``bench/README.md``). :func:`per_call_program`
+turns the same checks into one straight-line function: every source read is a local variable,
+every guard one expression, the graph inputs one list display.
+
+Only the common case is generated: the per-call tensor guards' memo holds
+(:class:`~torchair.inference._guard_eval.TensorMemo`) and every check passes. Anything else (a
+guard that fails or raises, a memo that does not hold, a parameter dict without the key) makes
+the function return None and the caller runs the general check, which says why and remembers
+new tensors. So the generated function can only serve a call the general check would serve.
+
+No recorded text is compiled. The code is built from the guards' parsed trees after
+:func:`~torchair.inference._guard_eval.compile_expression` accepted them: names are ours
+(``v12``, ``k3``), every constant, key, type and function is bound by name in the function's
+namespace (which has no builtins), and attribute and method names are identifiers the grammar
+allowed. A tree with anything else is not generated (the general check keeps serving).
+"""
+from __future__ import annotations
+
+import ast
+import keyword
+import re
+from typing import Any, Callable
+
+__all__ = ["per_call_program", "NotGenerated"]
+
+
+class NotGenerated(Exception):
+    """The checks use something the generator does not cover (the general check runs)."""
+
+
+_CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+        ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
+_BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%",
+        ast.Pow: "**", ast.Div: "/"}
+_ITEM = re.compile(r"\[(?:'[A-Za-z0-9_.]*'|-?[0-9]+)\]")  # a step's suffix: ['name'] or [3]
+_CALL = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)\(\)")
+
+
+def _identifier(name: str) -> str:
+    if not name.isidentifier() or keyword.iskeyword(name):
+        raise NotGenerated(f"name {name!r}")
+    return name
+
+
+class _Writer:
+    def __init__(self, gs: Any) -> None:
+        from torchair.inference import _guard_eval as ge
+
+        self.ge = ge
+        self.gs = gs
+        self.sources = gs.sources
+        self.names: dict[str, Any] = {"__builtins__": {}}
+        self._bound: dict[int, str] = {}
+        self.spec: tuple = (None, None)  # the guard's recorded type / object (identity checks)
+
+    def bind(self, value: Any, prefix: str = "c") -> str:
+        """A name for ``value`` in the function's namespace."""
+        key = id(value)
+        name = self._bound.get(key)
+        if name is None or self.names.get(name) is not value:
+            name = f"{prefix}{len(self.names)}"
+            self.names[name] = value
+            self._bound[key] = name
+        return name
+
+    # ---------------------------------------------------------------- source steps
+    def step(self, k: int) -> str:
+        """``v<slot> = ...`` for step ``k`` of the sources."""
+        parent, fn, key = self.sources.steps[k]
+        slot, pkey = k + 2, self.sources.steps[parent - 2][2] if parent >= 2 else "LG"[parent]
+        target, src = f"v{slot}", f"v{parent}"
+        suffix = key[len(pkey):] if key.startswith(pkey) else None
+        if suffix is not None and _ITEM.fullmatch(suffix) and slot in self.sources.items:
+            return f"{target} = {src}[{self.bind(self.sources.items[slot], 'k')}]"
+        if suffix is not None and suffix.startswith(".") and suffix[1:].isidentifier():
+            return f"{target} = {src}.{_identifier(suffix[1:])}"
+        if suffix is not None and _CALL.fullmatch(suffix):
+            return f"{target} = {src}.{_identifier(_CALL.fullmatch(suffix).group(1))}()"
+        return f"{target} = {self.bind(fn, 's')}({src})"  # any other step: its own getter
+
+    # ---------------------------------------------------------------- guard expressions
+    def expr(self, node: ast.AST) -> str:
+        ge = self.ge
+        if ge._Compiler._is_source(node):
+            slot = self.sources.index.get(ast.unparse(node))
+            if slot is None:
+                raise NotGenerated(f"source {ast.unparse(node)}")
+            return f"v{slot}"
+        method = getattr(self, f"_{type(node).__name__}", None)
+        if method is None:
+            raise NotGenerated(type(node).__name__)
+        return method(node)
+
+    def _Constant(self, node: ast.Constant) -> str:
+        value = node.value
+        if not (value is None or isinstance(value, (bool, int, float, str))):
+            raise NotGenerated(f"constant {value!r}")
+        return self.bind(value)
+
+    def _Attribute(self, node: ast.Attribute) -> str:
+        import torch
+
+        value = getattr(torch, node.attr, None)
+        if not (isinstance(node.value, ast.Name) and node.value.id == "torch"
+                and isinstance(value, torch.dtype)):
+            raise NotGenerated(ast.unparse(node))
+        return self.bind(value)
+
+    def _Name(self, node: ast.Name) -> str:
+        if node.id in ("inf", "nan"):
+            return self.bind(float(node.id))
+        raise NotGenerated(node.id)
+
+    def _List(self, node: ast.List) -> str:
+        return "[" + ", ".join(self.expr(e) for e in node.elts) + "]"
+
+    def _Tuple(self, node: ast.Tuple) -> str:
+        return "(" + "".join(self.expr(e) + ", " for e in node.elts) + ")"
+
+    def _Set(self, node: ast.Set) -> str:
+        return "{" + ", ".join(self.expr(e) for e in node.elts) + "}"
+
+    def _Compare(self, node: ast.Compare) -> str:
+        ops = []
+        for op in node.ops:
+            if type(op) not in _CMP:
+                raise NotGenerated(type(op).__name__)
+            ops.append(_CMP[type(op)])
+        parts = [self.expr(node.left)]
+        for op, right in zip(ops, node.comparators):
+            parts += [op, self.expr(right)]
+        return "(" + " ".join(parts) + ")"
+
+    def _BoolOp(self, node: ast.BoolOp) -> str:
+        join = " and " if isinstance(node.op, ast.And) else " or "
+        return f"{self.bind(bool)}(" + join.join(self.expr(v) for v in node.values) + ")"
+
+    def _UnaryOp(self, node: ast.UnaryOp) -> str:
+        operand = self.expr(node.operand)
+        if isinstance(node.op, ast.Not):
+            return f"(not {operand})"
+        if isinstance(node.op, ast.USub):
+            return f"(-{operand})"
+        if isinstance(node.op, ast.UAdd):
+            return operand  # as the general check: the operand itself
+        raise NotGenerated(type(node.op).__name__)
+
+    def _BinOp(self, node: ast.BinOp) -> str:
+        if type(node.op) not in _BIN:
+            raise NotGenerated(type(node.op).__name__)
+        return f"({self.expr(node.left)} {_BIN[type(node.op)]} {self.expr(node.right)})"
+
+    def _IfExp(self, node: ast.IfExp) -> str:
+        return f"({self.expr(node.body)} if {self.expr(node.test)} else {self.expr(node.orelse)})"
+
+    def _Call(self, node: ast.Call) -> str:
+        ge, func = self.ge, node.func
+        name = ast.unparse(func)
+        if name == "check_no_aliasing" and not node.keywords:
+            ids = ", ".join(f"{self.bind(id)}({self.expr(a)})" for a in node.args)
+            return f"({self.bind(len)}({{{ids}}}) == {self.bind(len(node.args))})"
+        if name == "___dict_contains" and len(node.args) == 2 and not node.keywords:
+            return f"({self.expr(node.args[0])} in {self.expr(node.args[1])})"
+        if (isinstance(func, ast.Attribute) and func.attr in ge._METHODS
+                and ge._Compiler._is_source(func.value) and not node.keywords):
+            low, high = ge._METHODS[func.attr]
+            if not low <= len(node.args) <= high:
+                raise NotGenerated(f".{func.attr}()")
+            args = ", ".join(self.expr(a) for a in node.args)
+            return f"{self.expr(func.value)}.{_identifier(func.attr)}({args})"
+        spec = self.spec
+        if name == "___check_type_id" and len(node.args) == 2 and spec[0] is not None:
+            return f"{self.bind(_TypeIs(tuple(spec[0])), 't')}({self.expr(node.args[0])})"
+        if name == "___check_obj_id" and len(node.args) == 2 and spec[1] is not None:
+            return f"{self.bind(_ObjIs(spec[1], ge.describe_object), 'o')}(" \
+                   f"{self.expr(node.args[0])})"
+        fn = ge._FUNCTIONS.get(name)
+        if fn is None or node.keywords:
+            raise NotGenerated(name)  # tensor checks, device(...), .item()
+        return f"{self.bind(fn, 'f')}(" + ", ".join(self.expr(a) for a in node.args) + ")"
+
+
+class _TypeIs:
+    """``___check_type_id``: the type by module and qualified name, as the general check
+    (the type that passed last time is one identity test)."""
+
+    __slots__ = ("want", "last")
+
+    def __init__(self, want: tuple) -> None:
+        self.want, self.last = want, None
+
+    def __call__(self, obj: Any) -> bool:
+        tp = type(obj)
+        if tp is self.last:
+            return True
+        if (tp.__module__, tp.__qualname__) == self.want:
+            self.last = tp
+            return True
+        return False
+
+
+class _ObjIs:
+    """``___check_obj_id``: what the object is (see ``describe_object``), as the general
+    check (the object that passed last time is one identity test)."""
+
+    __slots__ = ("want", "describe", "last")
+
+    def __init__(self, want: Any, describe: Callable[[Any], Any]) -> None:
+        self.want, self.describe, self.last = want, describe, _NOTHING
+
+    def __call__(self, obj: Any) -> bool:
+        if obj is self.last:
+            return True
+        if self.describe(obj) == self.want:
+            self.last = obj
+            return True
+        return False
+
+
+_NOTHING = object()
+
+
+def per_call_program(gs: Any) -> Callable[[dict, Any], list | None]:
+    """The generated form of ``gs``'s per-call check (after ``watch_arguments``): a function of
+    the frame and globals that returns the graph inputs, or None for "run the general check".
+    Raises :class:`NotGenerated` when some check is outside what it covers."""
+    import ast as _ast
+
+    guards, steps, dict_inputs = gs._per_call
+    w = _Writer(gs)
+    body = [f"v1 = G if {w.bind(type)}(G) is {w.bind(w.ge.Globals)} else "
+            f"{w.bind(w.ge.Globals)}(G)"]
+    body += [w.step(k) for k in steps]
+    memo = gs._memo
+    tests = []
+    if memo.slots:
+        args = ", ".join(f"v{slot}" for slot in memo.slots)
+        body += [f"check = {w.bind(memo, 'm')}._check",
+                 "if check is None:", "    return None"]
+        tests.append(f"check({args})")
+    for guard in gs._untensored:
+        w.spec = (guard.type_of, guard.obj)
+        tests.append(w.expr(_ast.parse(guard.code.strip(), mode="eval").body))
+    for test in tests:
+        body += [f"if not {test}:", "    return None"]
+    if memo.slots:
+        body.append(f"{w.bind(memo, 'm')}._misses = 0")
+    by_input = {k: (key,) for k, _, key in dict_inputs}
+    if dict_inputs:
+        body.append(f"d = {w.bind(gs, 'g')}._tensor_dicts")
+    flat = [f"d[{w.bind(k)}][{w.bind(by_input[k][0], 'k')}]" if k in by_input else
+            f"v{slot}" for k, slot in enumerate(gs.inputs)]
+    body.append("return [" + ", ".join(flat) + "]")
+    source = ("def per_call(v0, G):\n    try:\n" + "".join(f"        {line}\n" for line in body)
+              + f"    except {w.bind(Exception, 'e')}:\n        return None\n")
+    namespace = dict(w.names)
+    exec(compile(source, "<torchair per-call check>", "exec"), namespace)  # noqa: S102
+    program = namespace["per_call"]
+    program.source = source  # type: ignore[attr-defined]
+    return program
