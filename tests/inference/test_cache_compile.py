@@ -856,7 +856,7 @@ class _GearStep(torch.nn.Module):
 
 @pytest.mark.parametrize("process", ["cold", "warm"])
 def test_gear_marks_are_needed_on_the_first_served_call_only(tmp_path, no_dynamo, log, process):
-    """As under torch.compile, where Dynamo reads set_dim_gears marks only when it traces: the
+    """As under torch.compile, whose guard on the marks lets unmarked tensors through: the
     first call a process serves from a gears entry carries the marks (a warm process's first
     call without them falls back, test_cache_never_stale.py), later calls with fresh unmarked
     tensors of any gear are served from the same entry."""
@@ -883,4 +883,23 @@ def test_gear_marks_are_needed_on_the_first_served_call_only(tmp_path, no_dynamo
         with torch.no_grad():
             assert _equal(served(x), model.step(x))
     assert not _messages(log), _messages(log)
-    assert served.runtime is not None and served.runtime.gears is None
+    assert served.runtime is not None and served.runtime.served
+
+
+def test_later_call_with_other_gear_marks_falls_back(tmp_path, log):
+    """Other marks on a later call are what Dynamo's guard on the marks refuses (torch.compile
+    traces again): the entry does not serve it."""
+    from torchair.inference import set_dim_gears
+
+    model = _GearStep().eval()
+    marked = torch.randn(2, 8)
+    set_dim_gears(marked, {0: [2, 4]})
+    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    with torch.no_grad():
+        cached(marked)
+        cached(torch.randn(4, 8))  # served, no marks
+        other = torch.randn(2, 8)
+        set_dim_gears(other, {0: [2, 3]})
+        assert _equal(cached(other), model.step(other))
+    assert any("has gears {0: (2, 3)}, the entry was built for gears {0: (2, 4)}" in m
+               for m in _messages(log)), _messages(log)

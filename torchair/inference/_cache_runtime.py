@@ -149,8 +149,11 @@ class Runtime:
                      enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap}
         self._input_checks = [_InputCheck(info) for info in inputs]
         self.checks = _InputChecks(self._input_checks, self.guards.tensor_inputs(self.n_inputs))
-        # the marks the first call served from the entry must carry (None: checked already)
-        self.gears: dict | None = _gear_marks(meta["unit"], inputs)
+        # the set_dim_gears marks the entry was built with, per tensor input; the first call
+        # served must carry them, later ones them or none (see check)
+        self.gears = _gear_marks(meta["unit"], inputs)
+        self.gear_args = list(self.gears.items())  # the inputs checked after the first call
+        self.served = False
         self._check = self.guards.check
         self.aot = meta["aot"]
         self.output = meta["output"]
@@ -188,6 +191,10 @@ class Runtime:
         :meth:`GuardSet.check_arguments`); the default is every guard on every call."""
         self.guards.watch_arguments(arguments)
         self._check = self.guards.check_arguments
+        # a parameter's or buffer's marks are module state, not a call argument: checked on the
+        # first call only
+        state = {k for k, _, _ in self.guards.dict_inputs()}
+        self.gear_args = [(k, mark) for k, mark in self.gears.items() if k not in state]
         # inputs whose tensor guard now runs on full checks only get the unit's own checks
         self.checks = _InputChecks(self._input_checks,
                                    self.guards.tensor_inputs(self.n_inputs, per_call=True))
@@ -202,16 +209,15 @@ class Runtime:
         why = self.checks.mismatch(flat)
         if why:
             return why, []
-        if self.gears is not None:
-            for k, (name, expected) in self.gears.items():
-                found = get_dim_gears(flat[k])
-                if found != expected:
-                    return (f"graph input `{name}` has gears {found}, the entry was built for "
-                            f"gears {expected}"), []
-            # Dynamo reads the marks only when it traces: once a call with them is served (this
-            # process's "trace"), later calls without marks run the same graph, as under
-            # torch.compile, where a step's fresh input tensors carry no marks
-            self.gears = None
+        served = self.served  # read once: another thread may finish the first call meanwhile
+        for k, (name, expected) in (self.gears.items() if not served else self.gear_args):
+            found = get_dim_gears(flat[k])
+            # as Dynamo's guard on the marks: the first call (this process's "trace") carries
+            # the entry's marks; later calls may carry none (a decode step's fresh tensors, as
+            # under torch.compile) but not other marks (torch.compile would trace them again)
+            if found != expected and not (served and found is None):
+                return (f"graph input `{name}` has gears {found}, the entry was built for "
+                        f"gears {expected}"), []
         return "", flat
 
     def __call__(self, flat: list) -> Any:
@@ -224,6 +230,7 @@ class Runtime:
             self.first_call_context = None
         else:
             outputs = self.unit(flat)
+        self.served = True  # a call ran from the entry: later ones need no gear marks
         for target, (attr, value) in zip(targets, self.writes):  # after the graph, as Dynamo
             setattr(target, attr, value)
         return build_output(self.output, graph_outputs(self.aot, outputs, inputs), inputs)

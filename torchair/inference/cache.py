@@ -377,7 +377,7 @@ class CachedFunction:
             meta = json.loads(meta_json)
             inputs = [info_from_json(i) for i in meta["inputs"]]
             runtime = Runtime(meta, rec.launch_unit, inputs)
-            runtime.gears = None  # this process's trace read the marks (see Runtime.check)
+            runtime.served = True  # this process's Dynamo trace read the marks (Runtime.check)
             self._watch(runtime)
         except Exception as error:  # noqa: BLE001 - Dynamo keeps serving this process's calls
             logger.warning("cache_compile(%s): later calls in this process go through Dynamo (%s: "
