@@ -202,6 +202,7 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
     itemsize = caches[0].k[0].element_size()
     first_call_s: dict[str, float] = {}
     cached_graphs = 0  # Dynamo graphs the cache_compile step traced (its cold call: 1)
+    cached_reports: list[int] = []  # the graph reports its calls added
     names = (*fns, "floor")
     for i in range(args.steps):
         position = args.prompt_len + i
@@ -215,7 +216,9 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
                 continue
             run = runs[name]
             step_args = _inputs(run, position, batch, args.device)
-            before = _dynamo_graphs() if name == "cached" else 0
+            if name == "cached":
+                graphs_before = _dynamo_graphs()
+                reports_before = len(torchair.graph_reports())
             if name != "eager" and i == 0:
                 if first_compile:
                     _mark(step_args, args.batch)
@@ -232,7 +235,9 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
                 if i > 0:
                     run.seconds.append(seconds)
             if name == "cached":
-                cached_graphs += _dynamo_graphs() - before
+                cached_graphs += _dynamo_graphs() - graphs_before
+                cached_reports += [r.graph_id for r in
+                                   torchair.graph_reports()[reports_before:]]
             run.token = out
             run.tokens.append(out.clone())
         bar.update(bar.done + 1, f"batch {batch}: {i + 1}/{args.steps} tokens",
@@ -256,7 +261,8 @@ def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: 
                    cached_first_call_s=first_call_s["cached"],
                    cached_tokens_equal=torch.equal(tokens["eager"], tokens["cached"]),
                    cached_first_mismatch=_first_mismatch(tokens["eager"], tokens["cached"]),
-                   cached_tokens=tokens["cached"].tolist(), cached_dynamo_graphs=cached_graphs)
+                   cached_tokens=tokens["cached"].tolist(), cached_dynamo_graphs=cached_graphs,
+                   cached_report_ids=cached_reports)
     return row
 
 
@@ -274,8 +280,8 @@ def _describe(args, cfg: DemoConfig) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     cached = all("cached_ms" in r for r in rows)
-    headers = ["batch", "eager ms/step", "graph ms/step", "speedup"]
-    headers += ["cached ms/step", "speedup"] if cached else []
+    headers = ["batch", "eager ms/step", "graph ms/step", "graph speedup"]
+    headers += ["cached ms/step", "cached speedup"] if cached else []
     headers += ["floor ms", "eager x floor", "graph x floor"]
     headers += ["cached x floor"] if cached else []
     headers += ["graph 1st call s", "tokens equal"]
@@ -288,8 +294,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
         row += [f"{r['cached_x_floor']:.1f}"] if cached else []
         equal = "yes" if r["tokens_equal"] else f"NO (first at {r['first_mismatch']})"
         if cached and not r["cached_tokens_equal"]:
-            equal = (f"{'graph yes' if r['tokens_equal'] else equal}; cached NO (first at "
-                     f"{r['cached_first_mismatch']})")
+            graph = "graph yes" if r["tokens_equal"] else f"graph {equal}"
+            equal = f"{graph}; cached NO (first at {r['cached_first_mismatch']})"
         cells.append(row + [f"{r['graph_first_call_s']:.2f}", equal])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     line = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))  # noqa: E731
@@ -349,29 +355,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         param.requires_grad_(False)
     compiled = _compile(model, args.engine)
     cache_dir = None if args.no_cache_compile else tempfile.mkdtemp(prefix="torchair-demo-")
-    cached = None if cache_dir is None else _cache_compile(model, args.engine, cache_dir)
-    graphs_before = _dynamo_graphs()
-    # eager's, the graph's and the cached step's; the same block tables
-    caches = tuple(PagedKVCache(cfg, max(args.batch), device, dtype, args.seed)
-                   for _ in range(2 if cached is None else 3))
-    reports_before = len(torchair.graph_reports())
-    bandwidth = read_bandwidth(device, sync=sync)
-    bar = Bar(len(args.batch) * args.steps, enabled=not args.no_progress)
-    rows = []
     try:
-        with torch.no_grad():
-            for k, batch in enumerate(args.batch):
-                rows.append(_generate(args, cfg, model, compiled, batch, caches, k == 0, bar,
-                                      sync, bandwidth, cached=cached))
+        cached = None if cache_dir is None else _cache_compile(model, args.engine, cache_dir)
+        graphs_before = _dynamo_graphs()
+        # eager's, the graph's and the cached step's; the same block tables
+        caches = tuple(PagedKVCache(cfg, max(args.batch), device, dtype, args.seed)
+                       for _ in range(2 if cached is None else 3))
+        reports_before = len(torchair.graph_reports())
+        bandwidth = read_bandwidth(device, sync=sync)
+        bar = Bar(len(args.batch) * args.steps, enabled=not args.no_progress)
+        rows = []
+        try:
+            with torch.no_grad():
+                for k, batch in enumerate(args.batch):
+                    rows.append(_generate(args, cfg, model, compiled, batch, caches, k == 0,
+                                          bar, sync, bandwidth, cached=cached))
+        finally:
+            bar.close()
     finally:
-        bar.close()
         if cache_dir is not None:
             shutil.rmtree(cache_dir, ignore_errors=True)
-    reports = torchair.graph_reports()[reports_before:]
+    # cache_compile's own Dynamo trace and graph reports are counted apart
     cached_graphs = sum(r.get("cached_dynamo_graphs", 0) for r in rows)
-    # the torch.compile graph compiles first (its report is the first); cache_compile's own
-    # Dynamo trace is counted apart
-    summary = _summary(reports[0] if reports else None,
+    cached_ids = {i for r in rows for i in r.pop("cached_report_ids", ())}
+    reports = [r for r in torchair.graph_reports()[reports_before:]
+               if r.graph_id not in cached_ids]
+    summary = _summary(reports[-1] if reports else None,
                        _dynamo_graphs() - graphs_before - cached_graphs, len(reports))
     ok = all(r["tokens_equal"] and r.get("cached_tokens_equal", True) for r in rows)
 
