@@ -10,6 +10,8 @@ The code is never ``eval``-ed: it is parsed with :mod:`ast` and only a small gra
 (names ``L`` / ``G``, constants, item and attribute access, comparisons, arithmetic, ``and`` /
 ``or`` / ``not``, and a fixed table of functions). Anything else raises :class:`UnsupportedGuard`
 at the cold start, which then does not cache the function (with a warning naming the guard).
+The per-call check of ``TORCHAIR_CACHE_GUARDS=arguments`` also runs as one generated function
+(:mod:`torchair.inference._guard_codegen`), written from the accepted trees, never from the text.
 
 Two Dynamo checks compare object identities (``___check_type_id``, ``___check_obj_id``); ids mean
 nothing in another process, so the cold start records what the object *is* (a class by module and
