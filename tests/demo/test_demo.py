@@ -64,15 +64,20 @@ def test_one_batch_size_is_mark_static_without_gears(tmp_path, capsys):
     assert "built gears: none (one batch size)" in capsys.readouterr().out
 
 
-def test_mismatch_exits_1_with_a_clear_line(tmp_path, monkeypatch, capsys):
-    """A compiled step that returns other tokens must fail the demo."""
-    real = demo_run._compile
+def _off_by_one(monkeypatch, name):
+    """Make ``demo_run.<name>`` build a step whose tokens are all off by one."""
+    real = getattr(demo_run, name)
 
     def wrong(*args, **kwargs):
         step = real(*args, **kwargs)
         return lambda *a, **k: (step(*a, **k) + 1) % 64
 
-    monkeypatch.setattr(demo_run, "_compile", wrong)
+    monkeypatch.setattr(demo_run, name, wrong)
+
+
+def test_mismatch_exits_1_with_a_clear_line(tmp_path, monkeypatch, capsys):
+    """A compiled step that returns other tokens must fail the demo."""
+    _off_by_one(monkeypatch, "_compile")
     code, result = _run(tmp_path, "--engine", "fx", "--batch", "1", "2")
     assert code == 1 and not result["tokens_equal"]
     assert result["rows"][0]["first_mismatch"] == [0, 0]
@@ -82,13 +87,7 @@ def test_mismatch_exits_1_with_a_clear_line(tmp_path, monkeypatch, capsys):
 
 
 def test_cached_step_mismatch_also_fails_the_demo(tmp_path, monkeypatch, capsys):
-    real = demo_run._cache_compile
-
-    def wrong(*args, **kwargs):
-        step = real(*args, **kwargs)
-        return lambda *a, **k: (step(*a, **k) + 1) % 64
-
-    monkeypatch.setattr(demo_run, "_cache_compile", wrong)
+    _off_by_one(monkeypatch, "_cache_compile")
     code, result = _run(tmp_path, "--engine", "fx", "--batch", "2")
     assert code == 1 and not result["tokens_equal"]
     assert result["rows"][0]["tokens_equal"] and not result["rows"][0]["cached_tokens_equal"]

@@ -854,6 +854,19 @@ class _GearStep(torch.nn.Module):
         return self.l(x).relu().sum(-1)
 
 
+def _gear_entry(tmp_path):
+    """The gears model and its cache_compile'd step after a cold call with gears [2, 4]."""
+    from torchair.inference import set_dim_gears
+
+    model = _GearStep().eval()
+    marked = torch.randn(2, 8)
+    set_dim_gears(marked, {0: [2, 4]})
+    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    with torch.no_grad():
+        cached(marked)
+    return model, cached
+
+
 @pytest.mark.parametrize("process", ["cold", "warm"])
 def test_gear_marks_are_needed_on_the_first_served_call_only(tmp_path, no_dynamo, log, process):
     """As under torch.compile, whose guard on the marks lets unmarked tensors through: the
@@ -862,13 +875,7 @@ def test_gear_marks_are_needed_on_the_first_served_call_only(tmp_path, no_dynamo
     tensors of any gear are served from the same entry."""
     from torchair.inference import set_dim_gears
 
-    model = _GearStep().eval()
-    marked = torch.randn(2, 8)
-    set_dim_gears(marked, {0: [2, 4]})
-    cold = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
-    with torch.no_grad():
-        cold(marked)
-    served = cold
+    model, served = _gear_entry(tmp_path)
     if process == "warm":
         torch._dynamo.reset()
         served = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
@@ -891,12 +898,8 @@ def test_later_call_with_other_gear_marks_falls_back(tmp_path, log):
     traces again): the entry does not serve it."""
     from torchair.inference import set_dim_gears
 
-    model = _GearStep().eval()
-    marked = torch.randn(2, 8)
-    set_dim_gears(marked, {0: [2, 4]})
-    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    model, cached = _gear_entry(tmp_path)
     with torch.no_grad():
-        cached(marked)
         cached(torch.randn(4, 8))  # served, no marks
         other = torch.randn(2, 8)
         set_dim_gears(other, {0: [2, 3]})
