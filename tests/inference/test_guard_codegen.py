@@ -86,18 +86,18 @@ def test_generated_check_agrees_with_the_general_check(tmp_path):
 def test_calls_served_through_the_generated_check_equal_eager(tmp_path, monkeypatch):
     model = _Many().eval()
     good, calls = _calls()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)  # each refusal recompiles
     torch._dynamo.reset()
-    for codegen in ("1", "0"):
-        monkeypatch.setenv("TORCHAIR_GUARD_CODEGEN", codegen)
-        cached = cache_compile(model.step, cache_dir=tmp_path / codegen, config=_config())
-        with torch.no_grad():
-            cached(*good)
-            assert (cached.runtime.guards._program is not None) == (codegen == "1")
-            for args, _ in calls:
-                got, want = cached(*args), model.step(*args)
-                torch.testing.assert_close(got, want)
-        torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=64):  # each refusal recompiles
+        for codegen in ("1", "0"):
+            monkeypatch.setenv("TORCHAIR_GUARD_CODEGEN", codegen)
+            cached = cache_compile(model.step, cache_dir=tmp_path / codegen, config=_config())
+            with torch.no_grad():
+                cached(*good)
+                assert (cached.runtime.guards._program is not None) == (codegen == "1")
+                for args, _ in calls:
+                    got, want = cached(*args), model.step(*args)
+                    torch.testing.assert_close(got, want)
+            torch._dynamo.reset()
 
 
 def test_no_recorded_text_reaches_the_generated_code(tmp_path):
@@ -130,3 +130,35 @@ def test_an_uncovered_guard_keeps_the_general_check():
     Fake.sources = Sources()
     with pytest.raises(_guard_codegen.NotGenerated):
         _guard_codegen.per_call_program(Fake())
+
+
+def _hand_made(code, frame_values):
+    """A GuardSet of one guard on L['x'] (a hand-made record), after watch_arguments, and the
+    generated and general answers for each value of x."""
+    from torchair.inference._guard_eval import GuardSet
+
+    gs = GuardSet([{"kind": "EQUALS_MATCH", "code": [code], "source": "L['x']"}], ["L['x']"])
+    gs.watch_arguments(["x"])
+    answers = []
+    for x in frame_values:
+        gs.check({"x": x}, {})  # the first (full) check of each frame sets the epoch
+        fast = gs._program({"x": x}, {})
+        program, gs._program = gs._program, None
+        why, _ = gs.check_arguments({"x": x}, {})
+        gs._program = program
+        answers.append((fast is not None, why == ""))
+    return gs, answers
+
+
+@pytest.mark.parametrize("code", [
+    "(0 < 1 < L['x']) is not True",   # a chain compared by identity: True/False, not the tensor
+    "(0 < 1 < L['x']) is True",
+    "(L['x'] > 0) is not True",       # one comparison: its own result (a tensor here)
+    "-0.0 == L['x'] or not L['x'] + 1 > 3",
+    "(1 if L['x'] > 2 else 0) == 1",
+])
+def test_generated_expressions_equal_the_general_ones(code):
+    gs, answers = _hand_made(code, [torch.tensor(5), torch.tensor(-1), 5, 0])
+    assert gs._program is not None
+    for fast, general in answers:
+        assert not fast or general, (code, answers)  # never serves what the general refuses

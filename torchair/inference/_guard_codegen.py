@@ -134,7 +134,9 @@ class _Writer:
         parts = [self.expr(node.left)]
         for op, right in zip(ops, node.comparators):
             parts += [op, self.expr(right)]
-        return "(" + " ".join(parts) + ")"
+        if len(ops) == 1:
+            return "(" + " ".join(parts) + ")"  # the comparison's own result, as the general one
+        return f"{self.bind(bool)}(" + " ".join(parts) + ")"  # a chain: True or False, as there
 
     def _BoolOp(self, node: ast.BoolOp) -> str:
         join = " and " if isinstance(node.op, ast.And) else " or "
@@ -173,6 +175,10 @@ class _Writer:
                 raise NotGenerated(f".{func.attr}()")
             args = ", ".join(self.expr(a) for a in node.args)
             return f"{self.expr(func.value)}.{_identifier(func.attr)}({args})"
+        if (isinstance(func, ast.Attribute) and func.attr == "item" and not node.args
+                and not node.keywords and isinstance(func.value, ast.Call)
+                and ast.unparse(func.value.func) == "___as_tensor"):
+            return f"{self.expr(func.value)}.item()"  # torch 2.11's float guard
         spec = self.spec
         if name == "___check_type_id" and len(node.args) == 2 and spec[0] is not None:
             return f"{self.bind(_TypeIs(tuple(spec[0])), 't')}({self.expr(node.args[0])})"

@@ -874,9 +874,12 @@ class GuardSet:
             return None
         try:
             return per_call_program(self)
-        except (NotGenerated, SyntaxError) as why:
+        except NotGenerated as why:
             logger.debug("cache_compile: the per-call check runs in its general form (%s)", why)
-            return None
+        except Exception as why:  # noqa: BLE001 - the general form is always there
+            logger.debug("cache_compile: the per-call check runs in its general form (%s: %s)",
+                         type(why).__name__, why)
+        return None
 
     def dict_inputs(self) -> list:
         """(graph input index, its module dict's slot, key) of the inputs read from a module's
