@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-worker", metavar="RESULT", default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-cache-compile", action="store_true",
                    help="leave out the cache_compile variant (the same step served through "
-                        "torchair.inference.cache_compile, without Dynamo's per-call work)")
+                        "torchair.inference.cache_compile, without Dynamo's per-call work; "
+                        "--tp N > 1 runs the graph only)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of PyTorch (torch.set_num_threads; default: PyTorch's)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts and block tables")
