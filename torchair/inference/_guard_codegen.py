@@ -181,62 +181,19 @@ class _Writer:
             return f"{self.expr(func.value)}.item()"  # torch 2.11's float guard
         spec = self.spec
         if name == "___check_type_id" and len(node.args) == 2 and spec[0] is not None:
-            return f"{self.bind(_TypeIs(tuple(spec[0])), 't')}({self.expr(node.args[0])})"
+            return f"{self.bind(ge.TypeIs(tuple(spec[0])), 't')}({self.expr(node.args[0])})"
         if name == "___check_obj_id" and len(node.args) == 2 and spec[1] is not None:
-            return f"{self.bind(_ObjIs(spec[1], ge.describe_object), 'o')}(" \
-                   f"{self.expr(node.args[0])})"
+            return f"{self.bind(ge.ObjIs(spec[1]), 'o')}({self.expr(node.args[0])})"
         fn = ge._FUNCTIONS.get(name)
         if fn is None or node.keywords:
             raise NotGenerated(name)  # tensor checks, device(...), .item()
         return f"{self.bind(fn, 'f')}(" + ", ".join(self.expr(a) for a in node.args) + ")"
 
 
-class _TypeIs:
-    """``___check_type_id``: the type by module and qualified name, as the general check
-    (the type that passed last time is one identity test)."""
-
-    __slots__ = ("want", "last")
-
-    def __init__(self, want: tuple) -> None:
-        self.want, self.last = want, None
-
-    def __call__(self, obj: Any) -> bool:
-        tp = type(obj)
-        if tp is self.last:
-            return True
-        if (tp.__module__, tp.__qualname__) == self.want:
-            self.last = tp
-            return True
-        return False
-
-
-class _ObjIs:
-    """``___check_obj_id``: what the object is (see ``describe_object``), as the general
-    check (the object that passed last time is one identity test)."""
-
-    __slots__ = ("want", "describe", "last")
-
-    def __init__(self, want: Any, describe: Callable[[Any], Any]) -> None:
-        self.want, self.describe, self.last = want, describe, _NOTHING
-
-    def __call__(self, obj: Any) -> bool:
-        if obj is self.last:
-            return True
-        if self.describe(obj) == self.want:
-            self.last = obj
-            return True
-        return False
-
-
-_NOTHING = object()
-
-
 def per_call_program(gs: Any) -> Callable[[dict, Any], list | None]:
     """The generated form of ``gs``'s per-call check (after ``watch_arguments``): a function of
     the frame and globals that returns the graph inputs, or None for "run the general check".
     Raises :class:`NotGenerated` when some check is outside what it covers."""
-    import ast as _ast
-
     guards, steps, dict_inputs = gs._per_call
     w = _Writer(gs)
     body = [f"v1 = G if {w.bind(type)}(G) is {w.bind(w.ge.Globals)} else "
@@ -251,15 +208,15 @@ def per_call_program(gs: Any) -> Callable[[dict, Any], list | None]:
         tests.append(f"check({args})")
     for guard in gs._untensored:
         w.spec = (guard.type_of, guard.obj)
-        tests.append(w.expr(_ast.parse(guard.code.strip(), mode="eval").body))
+        tests.append(w.expr(ast.parse(guard.code.strip(), mode="eval").body))
     for test in tests:
         body += [f"if not {test}:", "    return None"]
     if memo.slots:
         body.append(f"{w.bind(memo, 'm')}._misses = 0")
-    by_input = {k: (key,) for k, _, key in dict_inputs}
+    by_input = {k: key for k, _, key in dict_inputs}
     if dict_inputs:
         body.append(f"d = {w.bind(gs, 'g')}._tensor_dicts")
-    flat = [f"d[{w.bind(k)}][{w.bind(by_input[k][0], 'k')}]" if k in by_input else
+    flat = [f"d[{w.bind(k)}][{w.bind(by_input[k], 'k')}]" if k in by_input else
             f"v{slot}" for k, slot in enumerate(gs.inputs)]
     body.append("return [" + ", ".join(flat) + "]")
     source = ("def per_call(v0, G):\n    try:\n" + "".join(f"        {line}\n" for line in body)

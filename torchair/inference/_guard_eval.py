@@ -501,36 +501,14 @@ class _Compiler:
     def _check_type_id(self, node: ast.Call) -> Fn:
         if self.type_of is None or len(node.args) != 2:
             raise self.fail("a type check without a recorded type")
-        value, want = self.node(node.args[0]), tuple(self.type_of)
-        last: list = [None]  # the type that passed last time: one identity test per call
-
-        def check(values: list) -> bool:
-            tp = type(value(values))
-            if tp is last[0]:
-                return True
-            if (tp.__module__, tp.__qualname__) == want:
-                last[0] = tp
-                return True
-            return False
-
-        return check
+        value, check = self.node(node.args[0]), TypeIs(tuple(self.type_of))
+        return lambda values: check(value(values))
 
     def _check_obj_id(self, node: ast.Call) -> Fn:
         if self.obj is None or len(node.args) != 2:
             raise self.fail("an identity check without a recorded object")
-        value, want = self.node(node.args[0]), self.obj
-        last: list = [_MISSING]  # the object that passed last time (modules, functions...)
-
-        def check(values: list) -> bool:
-            obj = value(values)
-            if obj is last[0]:
-                return True
-            if describe_object(obj) == want:
-                last[0] = obj
-                return True
-            return False
-
-        return check
+        value, check = self.node(node.args[0]), ObjIs(self.obj)
+        return lambda values: check(value(values))
 
     def _dict_contains(self, node: ast.Call) -> Fn:
         if len(node.args) != 2:
@@ -545,6 +523,43 @@ class _Compiler:
 
     def _check_tensor(self, node: ast.Call) -> Fn:
         return _tensor_check(self, node)
+
+
+class TypeIs:
+    """``___check_type_id`` of one value: its type by module and qualified name (ids mean
+    nothing in another process); the type that passed last time is one identity test."""
+
+    __slots__ = ("want", "last")
+
+    def __init__(self, want: tuple) -> None:
+        self.want, self.last = want, None
+
+    def __call__(self, obj: Any) -> bool:
+        tp = type(obj)
+        if tp is self.last:
+            return True
+        if (tp.__module__, tp.__qualname__) == self.want:
+            self.last = tp
+            return True
+        return False
+
+
+class ObjIs:
+    """``___check_obj_id`` of one value: what the object is (:func:`describe_object`); the
+    object that passed last time (a module, a function...) is one identity test."""
+
+    __slots__ = ("want", "last")
+
+    def __init__(self, want: Any) -> None:
+        self.want, self.last = want, _MISSING
+
+    def __call__(self, obj: Any) -> bool:
+        if obj is self.last:
+            return True
+        if describe_object(obj) == self.want:
+            self.last = obj
+            return True
+        return False
 
 
 def _math(name: str) -> Callable:
