@@ -137,11 +137,16 @@ def _timed(fn: Callable, args: tuple, sync: Callable[[], None]) -> tuple[torch.T
     return out, time.perf_counter() - start
 
 
-def _compile(model: Decoder, engine: str) -> Callable:
+def _config(engine: str) -> torchair.CompilerConfig:
+    """Path 4 (tiling sink) with the given engine ("fx": debug.run_eagerly)."""
     config = torchair.CompilerConfig()
     config.experimental_config.tiling_schedule_optimize = True
     config.debug.run_eagerly = engine == "fx"
-    backend = torchair.get_npu_backend(compiler_config=config)
+    return config
+
+
+def _compile(model: Decoder, engine: str) -> Callable:
+    backend = torchair.get_npu_backend(compiler_config=_config(engine))
     return torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
 
 
@@ -149,10 +154,8 @@ def _cache_compile(model: Decoder, engine: str, cache_dir: str) -> Callable:
     """The same step through ``cache_compile`` (entries in ``cache_dir``): its first call
     compiles path 4 with Dynamo as ``_compile``'s does; later calls run the launch unit it built
     after torchair's own checks of the call (``$TORCHAIR_CACHE_GUARDS``), without Dynamo."""
-    config = torchair.CompilerConfig()
-    config.experimental_config.tiling_schedule_optimize = True
-    config.debug.run_eagerly = engine == "fx"
-    return torchair.inference.cache_compile(model.forward, config=config, cache_dir=cache_dir)
+    return torchair.inference.cache_compile(model.forward, config=_config(engine),
+                                            cache_dir=cache_dir)
 
 
 def _dynamo_graphs() -> int:
