@@ -114,7 +114,12 @@ def worker(args, result_path: str) -> int:
         backend = "gloo"
     dist.init_process_group(backend, timeout=default_timeout())
     try:
-        return _worker(args, result_path, rank, world, backend, start)
+        code = _worker(args, result_path, rank, world, backend, start)
+        # every rank is done before any tears its connections down: rank 1 leaving while rank 0
+        # still wrote the results once aborted rank 0 in gloo's teardown (a failed rank skips
+        # this, and the launcher stops the others)
+        dist.barrier()
+        return code
     finally:
         dist.destroy_process_group()
 
