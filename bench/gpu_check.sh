@@ -45,7 +45,7 @@ p = torch.cuda.get_device_properties(0); print('sm', p.major, p.minor, 'SMs', p.
 arch=$(timeout 60 python3 -c "import torch; p = torch.cuda.get_device_properties(0); print(p.major * 10 + p.minor)")
 # pytest-xdist spreads the suites over the cores where it is installed (it cannot be installed
 # on a machine without a package index); without it they run in one process
-xdist() { timeout 30 python3 -c "import xdist" 2>/dev/null && echo "-n $1 $2"; }
+xdist() { timeout 30 python3 -c "import xdist" 2>/dev/null && echo "-n $1 ${2:-}"; }
 TAIL=40 run launch_probe "${T_PROBE:-120}" bash bench/gpu_launch_probe.sh
 TAIL=30 run pytest_cuda "${T_CUDA:-180}" python3 -m pytest -q -m cuda -p no:cacheprovider -rfE \
     $(xdist 4 "--dist loadfile") --continue-on-collection-errors tests
