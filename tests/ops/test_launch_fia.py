@@ -1,7 +1,8 @@
 """A CPU static unit binds ``npu_fused_infer_attention_score`` decode calls (one query token, no
 mask, quantization, prefixes or lse output) to the C++ launch kernel: bit-identical to eager FIA,
 no Python op call per step, and FIA's own ValueError texts for bad lengths and block ids. Calls
-the kernel does not serve (an lse output, a mask, a unit that also calls IFA) stay FIA calls."""
+the kernel does not serve (an lse output, a mask) stay FIA calls; in a unit that also calls IFA
+they go to ``torchair_native::fia_prompt`` (tests/ops/test_launch_fia_prompt.py)."""
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -102,7 +103,7 @@ def test_fia_decode_binds_the_launch_kernel(paged_cache, run_eagerly):
 
 
 @pytest.mark.parametrize("case", ["lse", "with-ifa"])
-def test_calls_the_kernel_does_not_serve_stay_fia(case):
+def test_calls_beside_ifa_or_with_lse(case):
     q, k, v, table = _inputs(False)
     module = _Step(lse=case == "lse", with_ifa=case == "with-ifa")
     compiled = _compile(module, (q, k, v), True)
@@ -114,5 +115,40 @@ def test_calls_the_kernel_does_not_serve_stay_fia(case):
             assert torch.equal(got, want)
         report = torchair.graph_reports()[-1]
         calls = _op_calls(compiled, q, k, v, [40, 3, 17], None)
-    assert "npu::npu_fused_infer_attention_score_tensor" in calls
-    assert report.launch_kernels == (1 if case == "with-ifa" else 0), str(report)
+    if case == "lse":
+        assert "npu::npu_fused_infer_attention_score_tensor" in calls
+        assert report.launch_kernels == 0, str(report)
+    else:  # beside IFA, the FIA call goes to fia_prompt (worded as FIA itself), still exact
+        assert calls == {"torchair_native::ifa_decode", "torchair_native::fia_prompt"}, calls
+        assert report.launch_kernels == 2, str(report)
+
+
+@pytest.mark.parametrize("op", ["ifa", "fia"])
+def test_host_lengths_are_checked_against_the_block_table(op):
+    """Host lengths longer than the block table, or needing more blocks than the cache has: eager
+    raises (page attention's checks of host lengths); the unit raised nothing and attended a
+    clamped window until the launch kernel learned which lengths were host lists."""
+    q, k, v, table = _inputs(True)
+    module = _Step(paged_cache=True, with_ifa=False) if op == "fia" else _IfaStep()
+    in_order = torch.arange(12, dtype=torch.int32).view(3, 4)
+    cases = [(k, v, table, [40, 3, 17], [40, 3, 65], "block_table second dim 4"),
+             # 11 blocks, 3 sequences x 4 columns: the lengths need 12 blocks
+             (k[:11], v[:11], in_order, [40, 3, 5], [64, 64, 64], "KV cache blocknum 11")]
+    for kc, vc, tab, lens_ok, bad, text in cases:
+        compiled = _compile(module, (q, kc, vc, tab), True)
+        with torch.no_grad():
+            assert torch.equal(compiled(q, kc, vc, lens_ok, tab), module(q, kc, vc, lens_ok, tab))
+            assert torchair.graph_reports()[-1].launch_kernels == 1
+            with pytest.raises(ValueError) as eager:
+                module(q, kc, vc, bad, tab)
+            with pytest.raises(ValueError) as unit:
+                compiled(q, kc, vc, bad, tab)
+        assert str(unit.value) == str(eager.value)
+        assert text in str(unit.value)
+        assert ("actual_seq_lengths_kv" in str(unit.value)) == (op == "fia")
+
+
+class _IfaStep(torch.nn.Module):
+    def forward(self, q, k, v, lens, table):
+        return IFA(q, k, v, actual_seq_lengths=lens, num_heads=8, num_key_value_heads=2,
+                   input_layout="BSH", scale_value=0.125, block_table=table, block_size=16) * 2

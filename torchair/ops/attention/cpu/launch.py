@@ -6,7 +6,8 @@ A static launch unit has fixed shapes, so everything its attention call needs be
 against this process's torch, cached the same safe way as the C kernels) registers the operator
 
     torchair_native::ifa_decode(query, key, value, actual_seq_lengths, ends, block_table,
-                                num_heads, num_key_value_heads, layout, block_size, scale_value)
+                                num_heads, num_key_value_heads, layout, block_size, scale_value,
+                                defer_errors, host_lengths)
 
 with PyTorch's dispatcher: a C++ function that reads shapes and strides from the tensors, checks
 the lengths and the block ids it reads (the general op's ``ValueError`` texts) and calls the
@@ -24,7 +25,16 @@ the unit's fixed shapes; the kernel takes the shapes and strides) into that oper
 ``npu_fused_infer_attention_score_tensor`` decode calls that are IFA calls in disguise (one query
 token, every argument IFA does not have at its default, the lse output unused, FIA's own
 validation passing) are bound the same way in units that do not also call IFA, so that
-:func:`checked` can word a deferred error as FIA does (:func:`fia_errors`).
+:func:`checked` can word a deferred error as FIA does (:func:`fia_errors`). Every other FIA call
+the kernel computes exactly as FIA's dense formula (prompt calls with any number of query
+tokens, sparse modes 0 without a mask and 2-4, query lengths; no pse_shift, antiquant, output
+quantization, padding or lse output) is bound to ``torchair_native::fia_prompt``: each query
+token a row of the decode kernel with its own window of KV positions, FIA's value checks and
+error texts in C++ (:func:`_fia_prompt_args`).
+
+Lengths that were host lists in the traced call (slices of the unit's sunk scalar buffer) are
+checked as eager checks host lists (``host_lengths``): against a paged cache's block table and
+block count, and query lengths against ``S_q``.
 
 The same library is also the CPU kernel of ``npu_incre_flash_attention`` and its tensor twin
 themselves (registered at the CPU dispatch key, ahead of the Python kernel registered for every
@@ -119,6 +129,7 @@ def _load_now() -> bool:
         return False
     _fake_lib = torch.library.Library("torchair_native", "FRAGMENT")
     torch.library.register_fake("torchair_native::ifa_decode", _ifa_decode_fake, lib=_fake_lib)
+    torch.library.register_fake("torchair_native::fia_prompt", _fia_prompt_fake, lib=_fake_lib)
     lib.torchair_launch_take_error.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.torchair_launch_set_eager.argtypes = [ctypes.c_int]
     _pending = ctypes.c_int.in_dll(lib, "torchair_launch_pending")
@@ -325,7 +336,9 @@ def raise_pending(as_fia: bool = False) -> None:
     :func:`checked`)."""
     error = _take()
     if error is not None:
-        if as_fia:
+        from torchair.ops.attention import ifa_checks as _ifa_checks
+
+        if as_fia and error.startswith(_ifa_checks.OP + ":"):  # fia_prompt's are FIA's own
             from torchair.ops.attention import fia_checks as _fia_checks
 
             error = _fia_checks.as_fia_message(error, kv_lengths=True)
@@ -333,13 +346,28 @@ def raise_pending(as_fia: bool = False) -> None:
 
 
 def _ifa_decode_fake(query, key, value, actual_seq_lengths, ends, block_table, num_heads,
-                     num_key_value_heads, layout, block_size, scale_value, defer_errors=False):
+                     num_key_value_heads, layout, block_size, scale_value, defer_errors=False,
+                     host_lengths=False):
     return query.new_empty(query.shape)  # contiguous, as the kernel's (and its fallback's) result
+
+
+def _fia_prompt_fake(query, key, value, actual_seq_lengths, actual_seq_lengths_kv, block_table,
+                     num_heads, num_key_value_heads, layout, block_size, scale, sparse_mode,
+                     pre_tokens, next_tokens, host_lengths=0, defer_errors=False):
+    return query.new_empty(query.shape)  # contiguous, as the kernel's result
 
 
 def ifa_decode() -> Any:
     """The operator (``available()`` must be True)."""
     return torch.ops.torchair_native.ifa_decode.default
+
+
+def fia_prompt() -> Any:
+    """``torchair_native::fia_prompt`` (``available()`` must be True): an
+    ``npu_fused_infer_attention_score`` call with any number of query tokens, as
+    :func:`bind_static_unit` binds it (launch_ops.cpp: each query token a row of the decode
+    kernel with its own window of KV positions)."""
+    return torch.ops.torchair_native.fia_prompt.default
 
 
 def _meta(val: Any) -> Any:
@@ -445,6 +473,82 @@ def _fia_as_ifa(node: fx.Node) -> dict | None:
     return kwargs
 
 
+# FIA keyword arguments torchair_native::fia_prompt takes; every other one must have its default
+_FIA_PROMPT = {"actual_seq_lengths", "actual_seq_lengths_kv", "block_table", "num_heads", "scale",
+               "input_layout", "num_key_value_heads", "block_size", "inner_precise",
+               "sparse_mode", "pre_tokens", "next_tokens", "atten_mask"}
+
+
+def _fia_prompt_args(node: fx.Node) -> tuple | None:
+    """The ``torchair_native::fia_prompt`` arguments after (query, key, value) for an
+    ``npu_fused_infer_attention_score_tensor`` call it computes exactly as the general op
+    (launch_ops.cpp): no pse_shift, antiquant, output quantization, padding or prefixes; an
+    atten_mask only in sparse modes 2-4 (which ignore it); the lse output unused; int64 CPU
+    lengths; FIA's own validation passing for the unit's shapes; shapes the kernel takes.
+    None otherwise (the call stays the general op's)."""
+    from torchair.ops.attention import fia_checks as _fia_checks
+    from torchair.ops.attention import fused_infer_attention_score as _fia
+
+    if len(node.args) != 3:
+        return None
+    kw = node.kwargs
+    for name, value in kw.items():
+        if name not in _FIA_PROMPT and value != _fia._DEFAULTS.get(name, object()):
+            return None
+    for name in ("num_heads", "num_key_value_heads", "block_size", "sparse_mode", "pre_tokens",
+                 "next_tokens", "input_layout", "scale"):
+        if isinstance(kw.get(name), fx.Node):
+            return None  # a symbolic option: not a fixed call
+    mode = kw.get("sparse_mode", 0)
+    if mode not in (0, 2, 3, 4) or (mode == 0 and kw.get("atten_mask") is not None):
+        return None
+    if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
+        return None
+    if any(u.args[1] != 0 and u.users for u in node.users):
+        return None  # softmax_lse is used
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args]
+    if not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
+        return None
+    query = vals[0]
+    metas, host = {}, 0
+    for name, value in kw.items():
+        val = value.meta.get("val") if isinstance(value, fx.Node) else value
+        if name in ("actual_seq_lengths", "actual_seq_lengths_kv") and value is not None:
+            if not isinstance(value, fx.Node):
+                return None  # host lists: the twin always has tensors
+            if _host_list(value):  # a slice of the sunk scalar buffer: int64 on the query's
+                # device; the general op checks host lists further
+                val = torch.empty(query.shape[0], dtype=torch.int64, device="meta")
+                host |= 1 if name == "actual_seq_lengths" else 2
+            elif not (isinstance(val, torch.Tensor) and val.dtype == torch.int64
+                      and val.dim() == 1 and val.device.type == "cpu"):
+                return None
+        elif isinstance(value, fx.Node) and not isinstance(val, torch.Tensor):
+            return None
+        if name == "block_table" and val is not None and val.device.type != "cpu":
+            return None
+        metas[name] = _meta(val)
+    try:
+        plan = _fia_checks.validate(_fia._args(*(_meta(v) for v in vals), metas))
+    except (ValueError, TypeError, RuntimeError, NotImplementedError, AttributeError):
+        return None  # the general op raises its error at run time
+    if (plan.k_quant is not None or plan.v_quant is not None or plan.ifa.kv_padding is not None
+            or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
+        return None
+    table = kw.get("block_table")
+    table_val = table.meta.get("val") if isinstance(table, fx.Node) else None
+    if table is not None and not isinstance(table_val, torch.Tensor):
+        return None
+    if not _kernel_takes(plan.ifa, *vals, table_val):
+        return None
+    dims = plan.ifa.dims
+    return (kw.get("actual_seq_lengths"), kw.get("actual_seq_lengths_kv"), table,
+            dims.num_heads, dims.num_kv_heads, LAYOUTS[plan.ifa.layout],
+            kw.get("block_size", 0), float(kw.get("scale", 1.0)), int(mode),
+            int(kw.get("pre_tokens", _fia._DEFAULTS["pre_tokens"])),
+            int(kw.get("next_tokens", _fia._DEFAULTS["next_tokens"])), host, True)
+
+
 def _kernel_takes(plan: Any, query, key, value, table) -> bool:
     """The shapes launch_ops.cpp's ``canonical`` takes (so the C++ code never falls back to the
     general op inside a static unit, where the general op's errors would not be deferred)."""
@@ -468,28 +572,36 @@ def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     twin = torch.ops.npu.npu_incre_flash_attention_tensor.default
     taken = [(n, n.kwargs) for n in gm.graph.nodes
              if n.op == "call_function" and n.target is twin and _takes(n)]
-    fia = []
-    if fia_errors(gm):  # FIA calls only: a deferred error can be named after FIA (checked())
-        fia_twin = torch.ops.npu.npu_fused_infer_attention_score_tensor.default
-        for n in gm.graph.find_nodes(op="call_function", target=fia_twin):
-            kwargs = _fia_as_ifa(n)
-            if kwargs is not None and _kernel_args_ok(n, kwargs):
-                fia.append((n, kwargs))
-    if not (taken or fia) or not available():
+    fia, prompt = [], []
+    fia_twin = torch.ops.npu.npu_fused_infer_attention_score_tensor.default
+    as_ifa = fia_errors(gm)  # FIA calls only: a deferred error can be named after FIA (checked())
+    for n in gm.graph.find_nodes(op="call_function", target=fia_twin):
+        kwargs = _fia_as_ifa(n) if as_ifa else None
+        if kwargs is not None and _kernel_args_ok(n, kwargs):
+            fia.append((n, kwargs))
+            continue
+        args = _fia_prompt_args(n)  # worded as FIA itself: units with IFA calls too take them
+        if args is not None:
+            prompt.append((n, args))
+    if not (taken or fia or prompt) or not available():
         return gm, 0
     graph = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, copies))
-    op = ifa_decode()
-    for old, kw in taken + fia:
+    calls = [(old, ifa_decode(), (_copied(kw.get("actual_seq_lengths"), copies), None,
+                                  _copied(kw.get("block_table"), copies), kw.get("num_heads", 1),
+                                  kw.get("num_key_value_heads", 0),
+                                  LAYOUTS[kw.get("input_layout", "BSH")], kw.get("block_size", 0),
+                                  float(kw.get("scale_value", 1.0)),
+                                  True,  # defer_errors: see checked()
+                                  _host_list(kw.get("actual_seq_lengths"))))
+             for old, kw in taken + fia]
+    calls += [(old, fia_prompt(), tuple(_copied(a, copies) for a in args))
+              for old, args in prompt]
+    for old, op, rest in calls:
         node = copies[old]
-        args = (*node.args, _copied(kw.get("actual_seq_lengths"), copies), None,
-                _copied(kw.get("block_table"), copies), kw.get("num_heads", 1),
-                kw.get("num_key_value_heads", 0), LAYOUTS[kw.get("input_layout", "BSH")],
-                kw.get("block_size", 0), float(kw.get("scale_value", 1.0)),
-                True)  # defer_errors: see checked()
         with graph.inserting_before(node):
-            new = graph.call_function(op, args)
+            new = graph.call_function(op, (*node.args, *rest))
         if old.target is twin:
             new.meta = dict(node.meta)
             node.replace_all_uses_with(new)
@@ -503,7 +615,14 @@ def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
                     user.replace_all_uses_with(new)
                 graph.erase_node(user)
         graph.erase_node(node)
-    return fx.GraphModule(gm, graph), len(taken) + len(fia)
+    return fx.GraphModule(gm, graph), len(calls)
+
+
+def _host_list(lengths: Any) -> bool:
+    """Whether a length argument of a unit's call was a host list in the traced call: a slice of
+    the unit's sunk scalar buffer (no traced value). The general op checks such lengths against
+    a paged cache's block table (launch_ops.cpp: check_paged_lengths), so the kernel does too."""
+    return isinstance(lengths, fx.Node) and not isinstance(lengths.meta.get("val"), torch.Tensor)
 
 
 def _copied(value: Any, copies: dict) -> Any:

@@ -116,10 +116,11 @@ int kind_of(at::ScalarType t) {
   }
 }
 
-// layout: 0 BSH, 1 BNSD, 2 BSND. False when the kernel does not take the arguments.
+// layout: 0 BSH, 1 BNSD, 2 BSND. False when the kernel does not take the arguments. q_len:
+// nullptr for a decode call (one query token); else it receives the query's S_q (any >= 1).
 bool canonical(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
                const std::optional<at::Tensor> &table, int64_t num_heads, int64_t nkv_arg,
-               int64_t layout, int64_t block_size, Canon *c) {
+               int64_t layout, int64_t block_size, Canon *c, int64_t *q_len = nullptr) {
   if (g_decode == nullptr || !q.device().is_cpu() || !k.device().is_cpu() ||
       !v.device().is_cpu() || k.scalar_type() != q.scalar_type() ||
       v.scalar_type() != q.scalar_type() || kind_of(q.scalar_type()) < 0 || num_heads < 1)
@@ -130,17 +131,20 @@ bool canonical(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
   if (num_heads % c->nkv) return false;
   c->group = num_heads / c->nkv;
   c->batch = q.size(0);
+  const int s_dim = layout == 1 ? 2 : 1;  // the query's S_q dimension
+  if (layout < 0 || layout > 2 || q.dim() != (layout == 0 ? 3 : 4) || q.size(s_dim) < 1 ||
+      (q_len == nullptr && q.size(s_dim) != 1))
+    return false;
+  if (q_len != nullptr) *q_len = q.size(s_dim);
   if (layout == 0) {
-    if (q.dim() != 3 || q.size(1) != 1 || q.size(2) % num_heads) return false;
+    if (q.size(2) % num_heads) return false;
     c->dim = q.size(2) / num_heads;
   } else if (layout == 1) {
-    if (q.dim() != 4 || q.size(1) != num_heads || q.size(2) != 1) return false;
-    c->dim = q.size(3);
-  } else if (layout == 2) {
-    if (q.dim() != 4 || q.size(1) != 1 || q.size(2) != num_heads) return false;
+    if (q.size(1) != num_heads) return false;
     c->dim = q.size(3);
   } else {
-    return false;
+    if (q.size(2) != num_heads) return false;
+    c->dim = q.size(3);
   }
   if (c->group > kMaxG || c->dim < 16 || c->dim > kMaxD || c->dim % 16) return false;
   const int64_t D = c->dim, H = c->nkv * D;
@@ -214,12 +218,33 @@ at::Tensor general(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v
   return stack.back().toTensor();
 }
 
+// Page attention's checks of host lengths (a list in the traced call; eager checks them when
+// it validates): the block table is wide enough and the cache has enough blocks for all batches.
+// `lengths`: one per batch, >= 0.
+void check_paged_lengths(const char *op, const char *name, const std::vector<int64_t> &lengths,
+                         int64_t width, int64_t num_blocks, int64_t block_size, bool defer) {
+  int64_t most = 0, longest = 0, sum = 0;
+  for (int64_t x : lengths) {
+    const int64_t need = (x + block_size - 1) / block_size;
+    most = std::max(most, need), longest = std::max(longest, x), sum += need;
+  }
+  if (width < most)
+    fail(defer, std::string(op) + ": block_table second dim " + std::to_string(width) +
+                    " must be >= maxBlockNumPerSeq=" + std::to_string(most) + " (ceil(max(" +
+                    name + ")=" + std::to_string(longest) + " / block_size=" +
+                    std::to_string(block_size) + "))");
+  if (num_blocks < sum)
+    fail(defer, std::string(op) + ": KV cache blocknum " + std::to_string(num_blocks) +
+                    " must be >= the blocks needed by all batches, sum(ceil(" + name +
+                    " / block_size)) = " + std::to_string(sum));
+}
+
 at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
                            const at::Tensor &value, const std::optional<at::Tensor> &lengths,
                            at::OptionalIntArrayRef ends,
                            const std::optional<at::Tensor> &block_table, int64_t num_heads,
                            int64_t num_key_value_heads, int64_t layout, int64_t block_size,
-                           double scale_value, bool defer) {
+                           double scale_value, bool defer, bool host_lengths = false) {
   Canon c;
   if (!canonical(query, key, value, block_table, num_heads, num_key_value_heads, layout,
                  block_size, &c)) {
@@ -249,7 +274,11 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
       if (p[i * st] < 0)
         fail(defer, std::string(kOp) + ": actual_seq_lengths[" + std::to_string(i) +
                         "]=" + std::to_string(p[i * st]) + " must be >= 0");
-    for (int64_t b = 0; b < B; b++) hi[b] = std::min(p[(n == 1 ? 0 : b) * st], c.kv_len);
+    for (int64_t b = 0; b < B; b++) hi[b] = p[(n == 1 ? 0 : b) * st];
+    if (host_lengths && block_table.has_value())
+      check_paged_lengths(kOp, "actual_seq_lengths", hi, block_table->size(1), c.num_blocks,
+                          c.block_size, defer);
+    for (int64_t b = 0; b < B; b++) hi[b] = std::min(hi[b], c.kv_len);
   } else {
     std::fill(hi.begin(), hi.end(), c.kv_len);
   }
@@ -305,15 +334,189 @@ at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::
                       const std::optional<at::Tensor> &lengths, at::OptionalIntArrayRef ends,
                       const std::optional<at::Tensor> &block_table, int64_t num_heads,
                       int64_t num_key_value_heads, int64_t layout, int64_t block_size,
-                      double scale_value, bool defer_errors) {
+                      double scale_value, bool defer_errors, bool host_lengths) {
   try {
     return ifa_decode_impl(query, key, value, lengths, ends, block_table, num_heads,
-                           num_key_value_heads, layout, block_size, scale_value, defer_errors);
+                           num_key_value_heads, layout, block_size, scale_value, defer_errors,
+                           host_lengths);
   } catch (const Deferred &) {
     return at::zeros_like(query, at::MemoryFormat::Contiguous);
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// FIA prompt calls (S_q >= 1 query tokens) in a static unit: npu_fused_infer_attention_score's
+// dense formula for what the decode kernel can express, every query token (b, i) as a row of its
+// own with one contiguous window of KV positions (its batch's blocks; a dense cache is a paged one
+// whose only block per batch is the whole sequence). Taken: no atten_mask (modes 2-4: accepted and
+// ignored, as the general op does), pse_shift, antiquant, output quantization or padding; the
+// lse output unused (bind_static_unit checks all that once). Positions outside a row's window are
+// never read, so NaN/inf stored there cannot reach the result. The per-call value checks are the
+// general op's, in its order and with its texts: actual_seq_lengths_kv >= 0 (and, when the KV
+// lengths were a host list and the cache is paged, the block table's width and the cache's block
+// count), actual_seq_lengths >= 0 (<= S_q when they were a host list), then the block ids each
+// batch's window reads. host_lengths: bit 0 the query lengths, bit 1 the KV lengths were host
+// lists in the traced call (sunk into the unit's buffer), which the general op checks further.
+const char *kFia = "npu_fused_infer_attention_score";
+constexpr int64_t kIntMax = 2147483647;
+
+// 1-D int64 CPU lengths of B or 1 entries (what a unit's sunk buffer slices are), as the
+// general op checks them: >= 0, and for a host list of query lengths (a sunk list: `limit` =
+// S_q) <= S_q. Empty: none given.
+std::vector<int64_t> fia_lengths(const std::optional<at::Tensor> &lengths, int64_t B,
+                                 const char *name, int64_t limit, bool defer) {
+  std::vector<int64_t> out;
+  if (!lengths.has_value()) return out;
+  const at::Tensor &L = *lengths;
+  TORCH_CHECK(L.device().is_cpu() && L.scalar_type() == at::kLong && L.dim() == 1 &&
+                  (L.size(0) == B || L.size(0) == 1),
+              "torchair_native::fia_prompt: ", name, " must be a 1-D int64 CPU tensor of ", B,
+              " or 1 entries (the unit was bound for that)");
+  const int64_t *p = L.const_data_ptr<int64_t>();
+  const int64_t n = L.size(0), st = L.stride(0);
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t x = p[i * st];
+    if (limit >= 0 && (x < 0 || x > limit))
+      fail(defer, std::string(kFia) + ": " + name + "[" + std::to_string(i) + "]=" +
+                      std::to_string(x) + " must be in [0, S_q=" + std::to_string(limit) +
+                      "] (the valid query rows of batch " + std::to_string(i) + ")");
+    if (x < 0)
+      fail(defer, std::string(kFia) + ": " + name + "[" + std::to_string(i) +
+                      "]=" + std::to_string(x) + " must be >= 0");
+  }
+  for (int64_t b = 0; b < B; b++) out.push_back(p[(n == 1 ? 0 : b) * st]);
+  return out;
+}
+
+at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
+                           const at::Tensor &value, const std::optional<at::Tensor> &q_lengths,
+                           const std::optional<at::Tensor> &kv_lengths,
+                           const std::optional<at::Tensor> &block_table, int64_t num_heads,
+                           int64_t num_key_value_heads, int64_t layout, int64_t block_size,
+                           double scale, int64_t sparse_mode, int64_t pre_tokens,
+                           int64_t next_tokens, int64_t host_lengths, bool defer) {
+  Canon c;
+  int64_t Sq = 0;
+  TORCH_CHECK(canonical(query, key, value, block_table, num_heads, num_key_value_heads, layout,
+                        block_size, &c, &Sq),
+              "torchair_native::fia_prompt: the kernel does not take these shapes (the unit "
+              "was bound for others)");
+  TORCH_CHECK(sparse_mode == 0 || (sparse_mode >= 2 && sparse_mode <= 4),
+              "torchair_native::fia_prompt: sparse_mode ", sparse_mode, " is not bound here");
+  const int64_t B = c.batch, S = c.kv_len;
+  // the general op's order: the KV lengths (with a paged cache and host lengths, the block table
+  // is wide enough and the cache has the blocks), then the query's
+  const std::vector<int64_t> kvl =
+      fia_lengths(kv_lengths, B, "actual_seq_lengths_kv", -1, defer);
+  if (block_table.has_value() && (host_lengths & 2) && !kvl.empty())
+    check_paged_lengths(kFia, "actual_seq_lengths_kv", kvl, block_table->size(1), c.num_blocks,
+                        c.block_size, defer);
+  const std::vector<int64_t> ql =
+      fia_lengths(q_lengths, B, "actual_seq_lengths", (host_lengths & 1) ? Sq : -1, defer);
+  std::vector<int64_t> skv(B, S);  // each batch's window [0, skv[b])
+  for (int64_t b = 0; b < B && !kvl.empty(); b++) skv[b] = std::min(kvl[b], S);
+  // block ids of each batch's window (the general op checks them before it computes)
+  std::vector<int64_t> table_rows;
+  const int64_t T = B * Sq;  // one kernel "batch" row per query token
+  int64_t tcols = 1, bsize = S, nblocks = B, sb = c.sb;
+  if (block_table.has_value()) {
+    const at::Tensor &t = *block_table;
+    const bool i32 = t.scalar_type() == at::kInt;
+    const int64_t ts = t.stride(0);
+    tcols = t.size(1), bsize = c.block_size, nblocks = c.num_blocks;
+    auto id_at = [&](int64_t b, int64_t col) -> int64_t {
+      return i32 ? int64_t(t.const_data_ptr<int32_t>()[b * ts + col])
+                 : t.const_data_ptr<int64_t>()[b * ts + col];
+    };
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t col = 0; col < (skv[b] + bsize - 1) / bsize; col++) {
+        const int64_t id = id_at(b, col);
+        if (id < 0 || id >= nblocks) {
+          std::ostringstream msg;
+          msg << kFia << ": block_table[" << b << ", " << col << "] = " << id
+              << " is not a block of the KV cache (it has " << nblocks << " blocks, ids 0.."
+              << nblocks - 1 << "), but sequence " << b << " reads positions [0, " << skv[b]
+              << ") of it; fix the block table";
+          fail(defer, msg.str());
+        }
+      }
+    table_rows.resize(T * tcols);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < Sq; i++)
+        for (int64_t col = 0; col < tcols; col++)
+          table_rows[(b * Sq + i) * tcols + col] = id_at(b, col);
+  } else {  // dense: batch b's whole sequence is block b
+    table_rows.resize(T);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t i = 0; i < Sq; i++) table_rows[b * Sq + i] = b;
+  }
+  // each query token's window (the module doc of fused_infer_attention_score.py); rows past
+  // actual_seq_lengths and empty windows give zeros
+  std::vector<int64_t> lo(T, 0), hi(T, 0);
+  int64_t window = 0;
+  for (int64_t b = 0; b < B; b++) {
+    const int64_t sq = ql.empty() ? Sq : ql[b], n = skv[b];
+    for (int64_t i = 0; i < std::min(sq, Sq); i++) {
+      int64_t l = 0, h = n;
+      const int64_t diag = i + n - sq;  // modes 3 and 4: the bottom-right aligned diagonal
+      if (sparse_mode == 0) {
+        if (pre_tokens < kIntMax || next_tokens < kIntMax)
+          l = std::max<int64_t>(0, i - pre_tokens), h = std::min(n, i + next_tokens + 1);
+      } else if (sparse_mode == 2) {
+        h = std::min(n, i + 1);
+      } else if (sparse_mode == 3) {
+        h = std::min(n, diag + 1);
+      } else {
+        l = std::max<int64_t>(0, diag - pre_tokens), h = std::min(n, diag + next_tokens + 1);
+      }
+      if (h > l) lo[b * Sq + i] = l, hi[b * Sq + i] = h, window = std::max(window, h - l);
+    }
+  }
+  if (window <= 0) return at::zeros_like(query, at::MemoryFormat::Contiguous);
+  // the query as [T * N_kv, G, D] float32 (token-major, as BSH / BSND are)
+  at::Tensor qf = layout == 1 ? query.transpose(1, 2) : query;
+  qf = qf.to(at::kFloat).contiguous();
+  const int64_t rows = T * c.nkv, G = c.group, D = c.dim;
+  int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  if (rows * window < kSerialWork) threads = 1;
+  int64_t splits = 1;
+  if (rows < 2 * threads)
+    splits = std::max<int64_t>(1, std::min((2 * threads + rows - 1) / rows, window / kMinSplit));
+  const int64_t items = rows * splits;
+  at::Tensor scratch =
+      at::empty({items * G * (D + 2) + rows * G}, query.options().dtype(at::kFloat));
+  at::Tensor out = at::empty(qf.sizes(), query.options().dtype(at::kFloat));
+  float *base = scratch.data_ptr<float>();
+  int64_t err[3] = {0, 0, 0};
+  int rc = g_decode(qf.const_data_ptr<float>(), nullptr, key.const_data_ptr(),
+                    value.const_data_ptr(), c.kind, sb, c.sh, c.sp, table_rows.data(), 0, tcols,
+                    bsize, nblocks, lo.data(), hi.data(), nullptr, 0, int(T), int(c.nkv), int(G),
+                    int(D), int(splits), int(threads), base, base + items * G,
+                    base + 2 * items * G, out.data_ptr<float>(), base + items * G * (D + 2),
+                    float(scale), query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
+  TORCH_CHECK(rc == 0, "torchair_native::fia_prompt: the native kernel refused its arguments (",
+              rc, ")");
+  if (layout == 1) out = out.transpose(1, 2).contiguous();
+  if (query.scalar_type() != at::kFloat) out = out.to(query.scalar_type());
+  return out;
+}
+
+at::Tensor fia_prompt(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                      const std::optional<at::Tensor> &q_lengths,
+                      const std::optional<at::Tensor> &kv_lengths,
+                      const std::optional<at::Tensor> &block_table, int64_t num_heads,
+                      int64_t num_key_value_heads, int64_t layout, int64_t block_size,
+                      double scale, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens,
+                      int64_t host_lengths, bool defer_errors) {
+  try {
+    return fia_prompt_impl(query, key, value, q_lengths, kv_lengths, block_table, num_heads,
+                           num_key_value_heads, layout, block_size, scale, sparse_mode,
+                           pre_tokens, next_tokens, host_lengths, defer_errors);
+  } catch (const Deferred &) {
+    return at::zeros_like(query, at::MemoryFormat::Contiguous);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Eager entry: the CPU kernel of npu::npu_incre_flash_attention and of its tensor twin (boxed,
@@ -507,10 +710,17 @@ int torchair_launch_register(int npu_entry, char *err, int err_size) {
                                                 std::nullopt, __FILE__, __LINE__);
     def->def("ifa_decode(Tensor query, Tensor key, Tensor value, Tensor? actual_seq_lengths, "
              "int[]? ends, Tensor? block_table, int num_heads, int num_key_value_heads, "
-             "int layout, int block_size, float scale_value, bool defer_errors=False) -> Tensor");
+             "int layout, int block_size, float scale_value, bool defer_errors=False, "
+             "bool host_lengths=False) -> Tensor");
     auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, "torchair_native",
                                                  c10::DispatchKey::CPU, __FILE__, __LINE__);
+    def->def("fia_prompt(Tensor query, Tensor key, Tensor value, Tensor? actual_seq_lengths, "
+             "Tensor? actual_seq_lengths_kv, Tensor? block_table, int num_heads, "
+             "int num_key_value_heads, int layout, int block_size, float scale, "
+             "int sparse_mode, int pre_tokens, int next_tokens, int host_lengths=0, "
+             "bool defer_errors=False) -> Tensor");
     impl->impl("ifa_decode", &ifa_decode);
+    impl->impl("fia_prompt", &fia_prompt);
     std::unique_ptr<torch::Library> npu;
     if (npu_entry) {
       npu = std::make_unique<torch::Library>(torch::Library::IMPL, "npu", c10::DispatchKey::CPU,

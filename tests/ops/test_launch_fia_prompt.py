@@ -1,0 +1,231 @@
+"""``npu_fused_infer_attention_score`` prompt calls (any number of query tokens) in a CPU static
+unit run on the C++ launch kernel ``torchair_native::fia_prompt``: each query token is a row of
+the decode kernel with its own window of KV positions (the sparse mode's band, the lengths). The
+op against eager FIA over layouts, caches, sparse modes, lengths and dtypes (NaN in every slot no
+window reaches); in a unit: no Python op call per step, and FIA's own ValueError texts, in its
+order, for bad lengths and block ids. Calls it does not compute exactly (a sparse_mode 0 mask,
+an lse output) stay FIA calls."""
+import itertools
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import torchair
+from tests.ops._paging import block_table
+from torchair.ops.attention.cpu import launch as _launch
+
+pytestmark = pytest.mark.skipif(not _launch.available(),
+                                reason="needs the launch kernels (a C and a C++ compiler)")
+FIA = torch.ops.npu.npu_fused_infer_attention_score
+FIA_TWIN = torch.ops.npu.npu_fused_infer_attention_score_tensor
+INT_MAX = 2**31 - 1
+B, N, NKV, D, SQ, S, BS = 2, 8, 2, 32, 5, 48, 16
+
+
+def _to_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """``[B, S, N, D]`` -> the layout's tensor (contiguous)."""
+    if layout == "BSH":
+        return x.reshape(x.shape[0], x.shape[1], -1).contiguous()
+    if layout == "BNSD":
+        return x.transpose(1, 2).contiguous()
+    return x.contiguous()
+
+
+def _paged(cache: torch.Tensor, layout: str, table: torch.Tensor) -> torch.Tensor:
+    """``[B, S, Nkv, D]`` into NaN-filled blocks named by ``table``: ``[blocks, BS, H]`` (BSH)
+    or ``[blocks, Nkv, BS, D]`` (BNSD)."""
+    blocks = torch.full((table.numel() + 3, BS, NKV, D), float("nan"), dtype=cache.dtype)
+    for b in range(table.shape[0]):
+        for c in range(table.shape[1]):
+            blocks[int(table[b, c])] = cache[b, c * BS:(c + 1) * BS]
+    if layout == "BSH":
+        return blocks.reshape(blocks.shape[0], BS, -1)
+    return blocks.transpose(1, 2).contiguous()
+
+
+def _case(layout, paged_cache, dtype, kv_lens, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = _to_layout(torch.randn(B, SQ, N, D, generator=g).to(dtype), layout)
+    k, v = (torch.randn(B, S, NKV, D, generator=g).to(dtype) for _ in range(2))
+    for b, n in enumerate(kv_lens):  # NaN past each length: never read
+        k[b, n:] = float("nan")
+        v[b, n:] = float("nan")
+    table = None
+    if paged_cache:
+        table = block_table(B, S, BS, torch.Generator().manual_seed(seed + 1))
+        k, v = _paged(k, layout, table), _paged(v, layout, table)
+    else:
+        k, v = _to_layout(k, layout), _to_layout(v, layout)
+    return q, k, v, table
+
+
+def _kwargs(layout, table, mode, pre, nxt, q_lens, kv_lens):
+    kw = dict(num_heads=N, num_key_value_heads=NKV, input_layout=layout, scale=0.17,
+              sparse_mode=mode, pre_tokens=pre, next_tokens=nxt,
+              actual_seq_lengths=torch.tensor(q_lens), actual_seq_lengths_kv=torch.tensor(kv_lens))
+    if table is not None:
+        kw.update(block_table=table, block_size=BS)
+    return kw
+
+
+def _op(q, k, v, kw, defer=False):
+    return _launch.fia_prompt()(
+        q, k, v, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"], kw.get("block_table"),
+        N, NKV, _launch.LAYOUTS[kw["input_layout"]], kw.get("block_size", 0), kw["scale"],
+        kw["sparse_mode"], kw["pre_tokens"], kw["next_tokens"], 0, defer)
+
+
+_BANDS = {0: [(INT_MAX, INT_MAX), (2, 1), (0, 0), (-1, 3)], 2: [(INT_MAX, INT_MAX)],
+          3: [(INT_MAX, INT_MAX)], 4: [(2, 0), (1, 3), (4, -2)]}
+_LENGTHS = [([5, 3], [48, 20]), ([2, 7], [0, 33]), ([0, 5], [5, 60])]  # incl. q > S_q, kv > S
+
+
+@pytest.mark.parametrize("layout,paged_cache", [("BSH", False), ("BNSD", False), ("BSND", False),
+                                                ("BSH", True), ("BNSD", True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_op_matches_eager_fia(layout, paged_cache, dtype):
+    checked = 0
+    for (mode, bands), (q_lens, kv_lens) in itertools.product(_BANDS.items(), _LENGTHS):
+        q, k, v, table = _case(layout, paged_cache, dtype, [min(n, S) for n in kv_lens])
+        for pre, nxt in bands:
+            kw = _kwargs(layout, table, mode, pre, nxt, q_lens, kv_lens)
+            want = FIA_TWIN(q, k, v, **kw)[0]
+            got = _op(q, k, v, kw)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            assert not got.isnan().any(), (mode, pre, nxt, q_lens, kv_lens)
+            tol = 1e-5 if dtype == torch.float32 else 1e-2
+            torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol,
+                                       msg=lambda m: f"{mode} {pre} {nxt} {q_lens} {kv_lens}: {m}")
+            checked += 1
+    assert checked == 3 * (4 + 1 + 1 + 3)
+
+
+def test_op_against_an_independent_loop():
+    """The op's windows against a per-token loop over plain softmax (modes 3 and 4, BSH)."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [48, 20])
+    for mode, pre, nxt in ((3, INT_MAX, INT_MAX), (4, 2, 1)):
+        kw = _kwargs("BSH", None, mode, pre, nxt, [5, 3], [48, 20])
+        got = _op(q, k, v, kw).view(B, SQ, N, D)
+        qs, ks, vs = q.view(B, SQ, N, D), k.view(B, S, NKV, D), v.view(B, S, NKV, D)
+        for b, (sq, skv) in enumerate(((5, 48), (3, 20))):
+            for i in range(SQ):
+                for h in range(N):
+                    diag = i + skv - sq
+                    keep = [j for j in range(skv)
+                            if i < sq and j <= diag + (0 if mode == 3 else nxt)
+                            and (mode == 3 or j >= diag - pre)]
+                    if not keep:
+                        assert torch.equal(got[b, i, h], torch.zeros(D))
+                        continue
+                    kk, vv = ks[b, keep, h // (N // NKV)], vs[b, keep, h // (N // NKV)]
+                    p = torch.softmax(kk.double() @ qs[b, i, h].double() * 0.17, dim=0)
+                    torch.testing.assert_close(got[b, i, h].double(), p @ vv.double(),
+                                               atol=1e-5, rtol=1e-5)
+
+
+class _Prefill(torch.nn.Module):
+    def __init__(self, paged_cache=False, mode=3, lse=False, mask=None):
+        super().__init__()
+        self.paged, self.mode, self.lse, self.mask = paged_cache, mode, lse, mask
+
+    def forward(self, q, k, v, q_lens, kv_lens, table):
+        kw = dict(num_heads=N, num_key_value_heads=NKV, input_layout="BSH", scale=0.17,
+                  sparse_mode=self.mode, actual_seq_lengths=q_lens,
+                  actual_seq_lengths_kv=kv_lens, softmax_lse_flag=self.lse)
+        if self.mask is not None:
+            kw["atten_mask"] = self.mask
+        if self.paged:
+            kw.update(block_table=table, block_size=BS)
+        out, lse = FIA(q, k, v, **kw)
+        return (out * 2, lse) if self.lse else out * 2
+
+
+def _compile(module, tensors, run_eagerly):
+    torch._dynamo.reset()
+    for t in tensors:
+        if t is not None:
+            torch._dynamo.mark_static(t)
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = run_eagerly
+    config.experimental_config.tiling_schedule_optimize = True
+    return torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
+                         dynamic=True, fullgraph=True)
+
+
+def _op_calls(fn, *args):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args)
+    return {e.name for e in prof.events() if e.name.startswith(("npu::", "torchair_native::"))}
+
+
+def _same_error(eager, compiled, *args):
+    with pytest.raises(ValueError) as want:
+        eager(*args)
+    with pytest.raises(ValueError) as got:
+        compiled(*args)
+    assert str(got.value) == str(want.value)
+    assert str(got.value).startswith("npu_fused_infer_attention_score: ")
+    return str(got.value)
+
+
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["dense", "paged"])
+@pytest.mark.parametrize("run_eagerly", [True, pytest.param(False, marks=pytest.mark.inductor)],
+                         ids=["fx", "inductor"])
+def test_prefill_unit_binds_the_launch_kernel(paged_cache, run_eagerly):
+    q, k, v, table = _case("BSH", paged_cache, torch.float32, [S, S])
+    module = _Prefill(paged_cache=paged_cache)
+    compiled = _compile(module, (q, k, v, table), run_eagerly)
+    with torch.no_grad():
+        for q_lens, kv_lens in (([5, 3], [40, 17]), ([4, 5], [41, 18]), ([5, 5], [48, 1])):
+            torch.testing.assert_close(compiled(q, k, v, q_lens, kv_lens, table),
+                                       module(q, k, v, q_lens, kv_lens, table),
+                                       atol=1e-5, rtol=1e-5)
+        report = torchair.graph_reports()[-1]
+        assert report.path == 4 and report.launch_kernels == 1, str(report)
+        assert _op_calls(compiled, q, k, v, [5, 3], [40, 17], table) == {
+            "torchair_native::fia_prompt"}
+        text = _same_error(module, compiled, q, k, v, [5, 3], [40, -2], table)
+        assert "actual_seq_lengths_kv[1]=-2" in text
+        text = _same_error(module, compiled, q, k, v, [5, -1], [40, 17], table)
+        assert "actual_seq_lengths[1]=-1" in text
+        text = _same_error(module, compiled, q, k, v, [6, 3], [40, 17], table)  # > S_q
+        assert "actual_seq_lengths[0]=6" in text
+        # both bad: the general op names the KV lengths first
+        text = _same_error(module, compiled, q, k, v, [-1, 3], [-3, 17], table)
+        assert "actual_seq_lengths_kv[0]=-3" in text
+        if paged_cache:
+            bad = table.clone()
+            bad[1, 0] = 10**6
+            text = _same_error(module, compiled, q, k, v, [5, 3], [40, 17], bad)
+            assert "block_table[1, 0] = 1000000" in text
+            # longer than the block table (eager checks host lengths against it)
+            text = _same_error(module, compiled, q, k, v, [5, 3], [40, S + 1], table)
+            assert "block_table second dim" in text
+            bad[1, 0], bad[1, 2] = table[1, 0], -1  # a column no window reaches: fine
+            torch.testing.assert_close(compiled(q, k, v, [5, 3], [40, 17], bad),
+                                       module(q, k, v, [5, 3], [40, 17], bad),
+                                       atol=1e-5, rtol=1e-5)
+        # after the errors, the unit serves again
+        torch.testing.assert_close(compiled(q, k, v, [5, 3], [40, 17], table),
+                                   module(q, k, v, [5, 3], [40, 17], table),
+                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["lse", "mode0-mask"])
+def test_calls_the_kernel_does_not_compute_stay_fia(case):
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    mask = torch.rand(SQ, S, generator=torch.Generator().manual_seed(3)) < 0.3
+    module = (_Prefill(lse=True) if case == "lse" else _Prefill(mode=0, mask=mask))
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        got, want = (compiled(q, k, v, [5, 3], [40, 17], None),
+                     module(q, k, v, [5, 3], [40, 17], None))
+        for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+            torch.testing.assert_close(a, b)
+        report = torchair.graph_reports()[-1]
+        calls = _op_calls(compiled, q, k, v, [5, 3], [40, 17], None)
+    assert calls & {"npu::npu_fused_infer_attention_score_tensor",
+                    "npu::npu_fused_infer_attention_score"}, calls
+    assert "torchair_native::fia_prompt" not in calls
+    assert report.launch_kernels == 0, str(report)
