@@ -73,7 +73,7 @@ def _op(q, k, v, kw, defer=False):
     return _launch.fia_prompt()(
         q, k, v, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"], kw.get("block_table"),
         N, NKV, _launch.LAYOUTS[kw["input_layout"]], kw.get("block_size", 0), kw["scale"],
-        kw["sparse_mode"], kw["pre_tokens"], kw["next_tokens"], 0, defer)
+        kw["sparse_mode"], kw["pre_tokens"], kw["next_tokens"], 0, 0, defer)
 
 
 _BANDS = {0: [(INT_MAX, INT_MAX), (2, 1), (0, 0), (-1, 3)], 2: [(INT_MAX, INT_MAX)],
@@ -229,3 +229,62 @@ def test_calls_the_kernel_does_not_compute_stay_fia(case):
                     "npu::npu_fused_infer_attention_score"}, calls
     assert "torchair_native::fia_prompt" not in calls
     assert report.launch_kernels == 0, str(report)
+
+
+FIA_V2 = torch.ops.npu.npu_fused_infer_attention_score_v2
+
+
+class _PrefillV2(torch.nn.Module):
+    def __init__(self, layout="BSH", paged_cache=False):
+        super().__init__()
+        self.layout, self.paged = layout, paged_cache
+
+    def forward(self, q, k, v, q_lens, kv_lens, table):
+        kw = dict(num_query_heads=N, num_key_value_heads=NKV, input_layout=self.layout,
+                  softmax_scale=0.17, sparse_mode=3, actual_seq_qlen=q_lens,
+                  actual_seq_kvlen=kv_lens)
+        if self.paged:
+            kw.update(block_table=table, block_size=BS)
+        return FIA_V2(q, k, v, **kw)[0] + 1
+
+
+@pytest.mark.parametrize("paged_cache", [False, True], ids=["dense", "paged"])
+def test_v2_prefill_binds_the_launch_kernel_with_v2_names(paged_cache):
+    q, k, v, table = _case("BSH", paged_cache, torch.float32, [S, S])
+    module = _PrefillV2(paged_cache=paged_cache)
+    compiled = _compile(module, (q, k, v, table), True)
+    with torch.no_grad():
+        for q_lens, kv_lens in (([5, 3], [40, 17]), ([4, 5], [41, 18])):
+            torch.testing.assert_close(compiled(q, k, v, q_lens, kv_lens, table),
+                                       module(q, k, v, q_lens, kv_lens, table),
+                                       atol=1e-5, rtol=1e-5)
+        assert torchair.graph_reports()[-1].launch_kernels == 1
+        assert _op_calls(compiled, q, k, v, [5, 3], [40, 17], table) == {
+            "torchair_native::fia_prompt"}
+        for q_lens, kv_lens, text in (([5, 3], [40, -2], "actual_seq_kvlen[1]=-2"),
+                                      ([5, 6], [40, 17], "actual_seq_qlen[1]=6")):
+            with pytest.raises(ValueError) as want:
+                module(q, k, v, q_lens, kv_lens, table)
+            with pytest.raises(ValueError) as got:
+                compiled(q, k, v, q_lens, kv_lens, table)
+            assert str(got.value) == str(want.value)
+            assert str(got.value).startswith("npu_fused_infer_attention_score_v2: ")
+            assert text in str(got.value)
+        if paged_cache:
+            with pytest.raises(ValueError) as want:
+                module(q, k, v, [5, 3], [40, S + 1], table)
+            with pytest.raises(ValueError) as got:
+                compiled(q, k, v, [5, 3], [40, S + 1], table)
+            assert str(got.value) == str(want.value) and "actual_seq_kvlen" in str(got.value)
+
+
+def test_v2_with_another_output_layout_stays_v2():
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    module = _PrefillV2(layout="BSH_BNSD")
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v, [5, 3], [40, 17], None),
+                                   module(q, k, v, [5, 3], [40, 17], None))
+        assert torchair.graph_reports()[-1].launch_kernels == 0
+        calls = _op_calls(compiled, q, k, v, [5, 3], [40, 17], None)
+    assert "torchair_native::fia_prompt" not in calls

@@ -30,7 +30,8 @@ the kernel computes exactly as FIA's dense formula (prompt calls with any number
 tokens, sparse modes 0 without a mask and 2-4, query lengths; no pse_shift, antiquant, output
 quantization, padding or lse output) is bound to ``torchair_native::fia_prompt``: each query
 token a row of the decode kernel with its own window of KV positions, FIA's value checks and
-error texts in C++ (:func:`_fia_prompt_args`).
+error texts in C++ (:func:`_fia_prompt_args`); so are such ``npu_fused_infer_attention_score_v2``
+calls with the output in the query's layout, their errors in v2's names (:func:`_fia_v2_as_v1`).
 
 Lengths that were host lists in the traced call (slices of the unit's sunk scalar buffer) are
 checked as eager checks host lists (``host_lengths``): against a paged cache's block table and
@@ -353,7 +354,7 @@ def _ifa_decode_fake(query, key, value, actual_seq_lengths, ends, block_table, n
 
 def _fia_prompt_fake(query, key, value, actual_seq_lengths, actual_seq_lengths_kv, block_table,
                      num_heads, num_key_value_heads, layout, block_size, scale, sparse_mode,
-                     pre_tokens, next_tokens, host_lengths=0, defer_errors=False):
+                     pre_tokens, next_tokens, host_lengths=0, wording=0, defer_errors=False):
     return query.new_empty(query.shape)  # contiguous, as the kernel's result
 
 
@@ -479,19 +480,37 @@ _FIA_PROMPT = {"actual_seq_lengths", "actual_seq_lengths_kv", "block_table", "nu
                "sparse_mode", "pre_tokens", "next_tokens", "atten_mask"}
 
 
-def _fia_prompt_args(node: fx.Node) -> tuple | None:
+def _fia_v2_as_v1(node: fx.Node) -> dict | None:
+    """The v1 keyword arguments of an ``npu_fused_infer_attention_score_v2_tensor`` call whose
+    output is in the query's layout (not NSD) and whose v2-only arguments have their defaults,
+    or None."""
+    from torchair.ops.attention import fused_infer_attention_score_v2 as _v2
+
+    kw = node.kwargs
+    for name, value in kw.items():
+        if name not in _v2._TO_V1 and name != "input_layout" and value != _v2._DEFAULTS.get(
+                name, object()):
+            return None  # a v2-only argument in use (rope, int8 query, dtypes, ...)
+    layout = kw.get("input_layout", "BSH")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        return None  # another output layout, NSD, TND/NTD
+    return {_v2._TO_V1[k]: v for k, v in kw.items() if k in _v2._TO_V1} | {"input_layout": layout}
+
+
+def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) -> tuple | None:
     """The ``torchair_native::fia_prompt`` arguments after (query, key, value) for an
-    ``npu_fused_infer_attention_score_tensor`` call it computes exactly as the general op
-    (launch_ops.cpp): no pse_shift, antiquant, output quantization, padding or prefixes; an
-    atten_mask only in sparse modes 2-4 (which ignore it); the lse output unused; int64 CPU
-    lengths; FIA's own validation passing for the unit's shapes; shapes the kernel takes.
-    None otherwise (the call stays the general op's)."""
+    ``npu_fused_infer_attention_score_tensor`` call (or a v2 call: ``kw`` its v1 keyword
+    arguments, ``wording`` 1) it computes exactly as the general op (launch_ops.cpp): no
+    pse_shift, antiquant, output quantization, padding or prefixes; an atten_mask only in sparse
+    modes 2-4 (which ignore it); the lse output unused; int64 CPU lengths; FIA's own validation
+    passing for the unit's shapes; shapes the kernel takes. None otherwise (the call stays the
+    general op's)."""
     from torchair.ops.attention import fia_checks as _fia_checks
     from torchair.ops.attention import fused_infer_attention_score as _fia
 
     if len(node.args) != 3:
         return None
-    kw = node.kwargs
+    kw = node.kwargs if kw is None else kw
     for name, value in kw.items():
         if name not in _FIA_PROMPT and value != _fia._DEFAULTS.get(name, object()):
             return None
@@ -546,7 +565,7 @@ def _fia_prompt_args(node: fx.Node) -> tuple | None:
             dims.num_heads, dims.num_kv_heads, LAYOUTS[plan.ifa.layout],
             kw.get("block_size", 0), float(kw.get("scale", 1.0)), int(mode),
             int(kw.get("pre_tokens", _fia._DEFAULTS["pre_tokens"])),
-            int(kw.get("next_tokens", _fia._DEFAULTS["next_tokens"])), host, True)
+            int(kw.get("next_tokens", _fia._DEFAULTS["next_tokens"])), host, wording, True)
 
 
 def _kernel_takes(plan: Any, query, key, value, table) -> bool:
@@ -581,6 +600,12 @@ def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
             fia.append((n, kwargs))
             continue
         args = _fia_prompt_args(n)  # worded as FIA itself: units with IFA calls too take them
+        if args is not None:
+            prompt.append((n, args))
+    v2_twin = torch.ops.npu.npu_fused_infer_attention_score_v2_tensor.default
+    for n in gm.graph.find_nodes(op="call_function", target=v2_twin):
+        kwargs = _fia_v2_as_v1(n)
+        args = _fia_prompt_args(n, kwargs, wording=1) if kwargs is not None else None
         if args is not None:
             prompt.append((n, args))
     if not (taken or fia or prompt) or not available():

@@ -358,14 +358,24 @@ at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::
 // count), actual_seq_lengths >= 0 (<= S_q when they were a host list), then the block ids each
 // batch's window reads. host_lengths: bit 0 the query lengths, bit 1 the KV lengths were host
 // lists in the traced call (sunk into the unit's buffer), which the general op checks further.
-const char *kFia = "npu_fused_infer_attention_score";
+// wording: the error texts name FIA (0) or FIA v2 (1) and its arguments.
 constexpr int64_t kIntMax = 2147483647;
+
+// The op and argument names of the error texts: wording 0 FIA, 1 FIA v2 (its own names).
+struct FiaNames {
+  const char *op, *q_lengths, *kv_lengths;
+};
+FiaNames fia_names(int64_t wording) {
+  if (wording == 1)
+    return {"npu_fused_infer_attention_score_v2", "actual_seq_qlen", "actual_seq_kvlen"};
+  return {"npu_fused_infer_attention_score", "actual_seq_lengths", "actual_seq_lengths_kv"};
+}
 
 // 1-D int64 CPU lengths of B or 1 entries (what a unit's sunk buffer slices are), as the
 // general op checks them: >= 0, and for a host list of query lengths (a sunk list: `limit` =
 // S_q) <= S_q. Empty: none given.
 std::vector<int64_t> fia_lengths(const std::optional<at::Tensor> &lengths, int64_t B,
-                                 const char *name, int64_t limit, bool defer) {
+                                 const char *op, const char *name, int64_t limit, bool defer) {
   std::vector<int64_t> out;
   if (!lengths.has_value()) return out;
   const at::Tensor &L = *lengths;
@@ -378,11 +388,11 @@ std::vector<int64_t> fia_lengths(const std::optional<at::Tensor> &lengths, int64
   for (int64_t i = 0; i < n; i++) {
     const int64_t x = p[i * st];
     if (limit >= 0 && (x < 0 || x > limit))
-      fail(defer, std::string(kFia) + ": " + name + "[" + std::to_string(i) + "]=" +
+      fail(defer, std::string(op) + ": " + name + "[" + std::to_string(i) + "]=" +
                       std::to_string(x) + " must be in [0, S_q=" + std::to_string(limit) +
                       "] (the valid query rows of batch " + std::to_string(i) + ")");
     if (x < 0)
-      fail(defer, std::string(kFia) + ": " + name + "[" + std::to_string(i) +
+      fail(defer, std::string(op) + ": " + name + "[" + std::to_string(i) +
                       "]=" + std::to_string(x) + " must be >= 0");
   }
   for (int64_t b = 0; b < B; b++) out.push_back(p[(n == 1 ? 0 : b) * st]);
@@ -395,7 +405,9 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
                            const std::optional<at::Tensor> &block_table, int64_t num_heads,
                            int64_t num_key_value_heads, int64_t layout, int64_t block_size,
                            double scale, int64_t sparse_mode, int64_t pre_tokens,
-                           int64_t next_tokens, int64_t host_lengths, bool defer) {
+                           int64_t next_tokens, int64_t host_lengths, int64_t wording,
+                           bool defer) {
+  const FiaNames names = fia_names(wording);
   Canon c;
   int64_t Sq = 0;
   TORCH_CHECK(canonical(query, key, value, block_table, num_heads, num_key_value_heads, layout,
@@ -408,12 +420,12 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
   // the general op's order: the KV lengths (with a paged cache and host lengths, the block table
   // is wide enough and the cache has the blocks), then the query's
   const std::vector<int64_t> kvl =
-      fia_lengths(kv_lengths, B, "actual_seq_lengths_kv", -1, defer);
+      fia_lengths(kv_lengths, B, names.op, names.kv_lengths, -1, defer);
   if (block_table.has_value() && (host_lengths & 2) && !kvl.empty())
-    check_paged_lengths(kFia, "actual_seq_lengths_kv", kvl, block_table->size(1), c.num_blocks,
+    check_paged_lengths(names.op, names.kv_lengths, kvl, block_table->size(1), c.num_blocks,
                         c.block_size, defer);
-  const std::vector<int64_t> ql =
-      fia_lengths(q_lengths, B, "actual_seq_lengths", (host_lengths & 1) ? Sq : -1, defer);
+  const std::vector<int64_t> ql = fia_lengths(q_lengths, B, names.op, names.q_lengths,
+                                              (host_lengths & 1) ? Sq : -1, defer);
   std::vector<int64_t> skv(B, S);  // each batch's window [0, skv[b])
   for (int64_t b = 0; b < B && !kvl.empty(); b++) skv[b] = std::min(kvl[b], S);
   // block ids of each batch's window (the general op checks them before it computes)
@@ -434,7 +446,7 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
         const int64_t id = id_at(b, col);
         if (id < 0 || id >= nblocks) {
           std::ostringstream msg;
-          msg << kFia << ": block_table[" << b << ", " << col << "] = " << id
+          msg << names.op << ": block_table[" << b << ", " << col << "] = " << id
               << " is not a block of the KV cache (it has " << nblocks << " blocks, ids 0.."
               << nblocks - 1 << "), but sequence " << b << " reads positions [0, " << skv[b]
               << ") of it; fix the block table";
@@ -508,11 +520,11 @@ at::Tensor fia_prompt(const at::Tensor &query, const at::Tensor &key, const at::
                       const std::optional<at::Tensor> &block_table, int64_t num_heads,
                       int64_t num_key_value_heads, int64_t layout, int64_t block_size,
                       double scale, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens,
-                      int64_t host_lengths, bool defer_errors) {
+                      int64_t host_lengths, int64_t wording, bool defer_errors) {
   try {
     return fia_prompt_impl(query, key, value, q_lengths, kv_lengths, block_table, num_heads,
                            num_key_value_heads, layout, block_size, scale, sparse_mode,
-                           pre_tokens, next_tokens, host_lengths, defer_errors);
+                           pre_tokens, next_tokens, host_lengths, wording, defer_errors);
   } catch (const Deferred &) {
     return at::zeros_like(query, at::MemoryFormat::Contiguous);
   }
@@ -718,7 +730,7 @@ int torchair_launch_register(int npu_entry, char *err, int err_size) {
              "Tensor? actual_seq_lengths_kv, Tensor? block_table, int num_heads, "
              "int num_key_value_heads, int layout, int block_size, float scale, "
              "int sparse_mode, int pre_tokens, int next_tokens, int host_lengths=0, "
-             "bool defer_errors=False) -> Tensor");
+             "int wording=0, bool defer_errors=False) -> Tensor");
     impl->impl("ifa_decode", &ifa_decode);
     impl->impl("fia_prompt", &fia_prompt);
     std::unique_ptr<torch::Library> npu;
