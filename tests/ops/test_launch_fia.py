@@ -152,3 +152,18 @@ class _IfaStep(torch.nn.Module):
     def forward(self, q, k, v, lens, table):
         return IFA(q, k, v, actual_seq_lengths=lens, num_heads=8, num_key_value_heads=2,
                    input_layout="BSH", scale_value=0.125, block_table=table, block_size=16) * 2
+
+
+def test_a_kv_list_of_another_count_raises_fias_error():
+    """FIA decode calls bound as IFA: a list of neither B nor 1 entries stays FIA's call, so the
+    error names FIA and actual_seq_lengths_kv (the IFA kernel's fallback named IFA)."""
+    q, k, v, table = _inputs(False)
+    module = _Step()
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        with pytest.raises(ValueError) as eager:
+            module(q, k, v, [40, 3], None)
+        with pytest.raises(ValueError) as unit:
+            compiled(q, k, v, [40, 3], None)
+    assert str(unit.value) == str(eager.value)
+    assert str(unit.value).startswith("npu_fused_infer_attention_score: actual_seq_lengths_kv")

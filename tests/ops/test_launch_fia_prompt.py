@@ -288,3 +288,73 @@ def test_v2_with_another_output_layout_stays_v2():
         assert torchair.graph_reports()[-1].launch_kernels == 0
         calls = _op_calls(compiled, q, k, v, [5, 3], [40, 17], None)
     assert "torchair_native::fia_prompt" not in calls
+
+
+class _TwoCalls(torch.nn.Module):
+    """A bound FIA call, then one left to FIA's Python op (its lse is used)."""
+
+    def forward(self, q, k, v, kv1, kv2):
+        kw = dict(num_heads=N, num_key_value_heads=NKV, scale=0.3, sparse_mode=3)
+        a = FIA(q, k, v, actual_seq_lengths_kv=kv1, **kw)[0]
+        b, lse = FIA(q, k, v, actual_seq_lengths_kv=kv2, softmax_lse_flag=True, **kw)
+        return a.sum() + b.sum() + lse.sum()
+
+
+def test_a_deferred_error_comes_before_a_later_calls_error():
+    """Eager raises at the first bad call; the unit must not let the later Python op's error
+    (raised while the run goes on) replace the error the launch kernel kept."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    module = _TwoCalls()
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v, [20, 7], [30, 6]),
+                                   module(q, k, v, [20, 7], [30, 6]))
+        assert torchair.graph_reports()[-1].launch_kernels == 1
+        text = _same_error(module, compiled, q, k, v, [20, -7], [-5, 6])
+        assert "actual_seq_lengths_kv[1]=-7" in text
+        # and the unit serves again (nothing kept for the next run)
+        torch.testing.assert_close(compiled(q, k, v, [20, 7], [30, 6]),
+                                   module(q, k, v, [20, 7], [30, 6]))
+
+
+@pytest.mark.parametrize("which", ["q", "kv"])
+def test_a_host_list_of_another_count_stays_the_general_ops(which):
+    """A length list of neither B nor 1 entries: eager's ValueError, from the general op (the
+    unit does not bind a call whose list count the op refuses)."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    q_lens, kv_lens = ([3, 2, 1], [20, 7]) if which == "q" else ([3, 2], [20, 7, 1])
+    module = _Prefill()
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        text = _same_error(module, compiled, q, k, v, q_lens, kv_lens, None)
+    assert "has 3 entries; expected B=2" in text
+    assert torchair.graph_reports()[-1].launch_kernels == 0
+
+
+@pytest.mark.parametrize("pre,nxt", [(0, 2**63 - 1), (2**63 - 1, 5), (-(2**62), 2**62)])
+def test_bands_beyond_int32_do_not_overflow(pre, nxt):
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    kw = _kwargs("BSH", None, 4, pre, nxt, [5, 3], [48, 2])
+    want = FIA_TWIN(q, k, v, **kw)[0]
+    torch.testing.assert_close(_op(q, k, v, kw), want, atol=1e-5, rtol=1e-5)
+
+
+def test_empty_query_or_kv_stays_the_general_ops():
+    """S_q = 0 or S_kv = 0: whatever the general op does (here it raises), the unit does too."""
+    g = torch.Generator().manual_seed(0)
+    for sq, s in ((0, S), (SQ, 0)):
+        q = torch.randn(B, sq, N * D, generator=g)
+        k, v = torch.randn(B, s, NKV * D, generator=g), torch.randn(B, s, NKV * D, generator=g)
+        module = _Prefill()
+        compiled = _compile(module, (q, k, v), True)
+        with torch.no_grad():
+            try:
+                want = module(q, k, v, [min(sq, 1)] * B, [0] * B, None)
+            except Exception as exc:  # noqa: BLE001 - compared below
+                with pytest.raises(type(exc)):
+                    compiled(q, k, v, [min(sq, 1)] * B, [0] * B, None)
+            else:
+                torch.testing.assert_close(compiled(q, k, v, [min(sq, 1)] * B, [0] * B, None),
+                                           want)
+        reports = torchair.graph_reports()
+        assert not reports or reports[-1].launch_kernels == 0

@@ -209,8 +209,20 @@ def test_deferred_errors_are_kept_once_and_cleared():
     with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 99 is not a block"):
         run([q, kb, vb, torch.tensor([64, 16, 20]), bad])
     assert _launch._take() is None
-    with pytest.raises(ZeroDivisionError):  # a run that fails otherwise leaves nothing behind
+    # a run that fails later raises the error kept earlier (eager stops there) and leaves
+    # nothing behind; with nothing kept, its own error
+    with pytest.raises(ValueError, match=r"actual_seq_lengths\[0\]=-1"):
         _launch.checked(lambda args: (_op(*args, defer=True), 1 / 0))([q, k, v, torch.tensor([-1])])
+    assert _launch._take() is None
+    with pytest.raises(ZeroDivisionError):
+        _launch.checked(lambda args: (_op(*args, defer=True), 1 / 0))([q, k, v, torch.tensor([1])])
+
+    def interrupted(args):
+        _op(*args, defer=True)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # an interrupt stays one, and clears what was kept
+        _launch.checked(interrupted)([q, k, v, torch.tensor([-1])])
     assert _launch._take() is None
 
 

@@ -158,7 +158,8 @@ class StaticUnit:
         if errors:
             from torchair.ops.attention.cpu import launch as _launch
 
-            pending, raise_pending, take = _launch.pending(), _launch.raise_pending, _launch._take
+            pending, raise_pending = _launch.pending(), _launch.raise_pending
+            raise_kept_first = _launch.raise_kept_first
         if bump:
             from torch.autograd.graph import increment_version
 
@@ -172,9 +173,9 @@ class StaticUnit:
                     outputs = graph(call_args)
                 else:
                     outputs = entry(call_args)
-            except BaseException:
-                if errors:
-                    take()  # a failed run leaves nothing for the next
+            except BaseException as exc:
+                if errors:  # an error a launch kernel deferred before this one comes first
+                    raise_kept_first(exc, as_fia)
                 raise
             if bump:
                 increment_version([unit_args[i] for i in bump])

@@ -316,14 +316,24 @@ def checked(engine: Any, as_fia: bool = False) -> Any:
     def run(args: list) -> Any:
         try:
             outputs = engine(args)
-        except BaseException:
-            _take()  # a failed run leaves nothing for the next
+        except BaseException as exc:
+            raise_kept_first(exc, as_fia)
             raise
         if _pending.value:
             raise_pending(as_fia)
         return outputs
 
     return run
+
+
+def raise_kept_first(exc: BaseException, as_fia: bool = False) -> None:
+    """After a run that raised ``exc``: the ValueError a launch kernel deferred earlier in the
+    same run, if any, is raised instead (eager raises at that earlier call and never reaches the
+    later one); a failed run leaves nothing kept for the next. An interrupt (not an
+    ``Exception``) stays what it is."""
+    error = _take()
+    if error is not None and isinstance(exc, Exception):
+        raise ValueError(_worded(error, as_fia)) from None
 
 
 def pending() -> Any:
@@ -337,13 +347,19 @@ def raise_pending(as_fia: bool = False) -> None:
     :func:`checked`)."""
     error = _take()
     if error is not None:
-        from torchair.ops.attention import ifa_checks as _ifa_checks
+        raise ValueError(_worded(error, as_fia))
 
-        if as_fia and error.startswith(_ifa_checks.OP + ":"):  # fia_prompt's are FIA's own
-            from torchair.ops.attention import fia_checks as _fia_checks
 
-            error = _fia_checks.as_fia_message(error, kv_lengths=True)
-        raise ValueError(error)
+def _worded(error: str, as_fia: bool) -> str:
+    """A deferred error's text as eager words it: in a unit whose bound decode calls are FIA
+    calls, the IFA-worded ones are renamed (fia_prompt's texts are FIA's own already)."""
+    from torchair.ops.attention import ifa_checks as _ifa_checks
+
+    if as_fia and error.startswith(_ifa_checks.OP + ":"):
+        from torchair.ops.attention import fia_checks as _fia_checks
+
+        return _fia_checks.as_fia_message(error, kv_lengths=True)
+    return error
 
 
 def _ifa_decode_fake(query, key, value, actual_seq_lengths, ends, block_table, num_heads,
@@ -403,13 +419,11 @@ def _decode_takes(args: tuple, node_kwargs: dict) -> bool:
               for k, v in node_kwargs.items()}
     lengths = node_kwargs.get("actual_seq_lengths")
     if isinstance(lengths, fx.Node) and not isinstance(lengths.meta.get("val"), torch.Tensor):
-        # a slice of the sunk scalar buffer (no traced value): int64 [B] on the query's device;
-        # the kernel checks its shape and dtype per call and passes anything else to the
-        # general op
-        query = vals[0]
-        kwargs["actual_seq_lengths"] = torch.empty(query.shape[0], dtype=torch.int64,
-                                                   device="meta" if query.device.type == "cpu"
-                                                   else query.device)
+        # a slice of the sunk scalar buffer (no traced value): int64, as many entries as the
+        # traced list had (a count the op refuses stays the general op's, which raises)
+        kwargs["actual_seq_lengths"] = _sunk_lengths(lengths)
+        if kwargs["actual_seq_lengths"] is None:
+            return False
     for t in [*vals, kwargs.get("actual_seq_lengths"), kwargs.get("block_table")]:
         if t is not None and (not isinstance(t, torch.Tensor)
                               or t.device.type not in ("cpu", "meta")):
@@ -461,10 +475,10 @@ def _fia_as_ifa(node: fx.Node) -> dict | None:
         metas = {k: _meta(v.meta.get("val") if isinstance(v, fx.Node) else v)
                  for k, v in node.kwargs.items()}
         lengths = node.kwargs.get("actual_seq_lengths_kv")
-        if isinstance(lengths, fx.Node) and not isinstance(lengths.meta.get("val"),
-                                                           torch.Tensor):
-            metas["actual_seq_lengths_kv"] = torch.empty(query.shape[0], dtype=torch.int64,
-                                                         device="meta")
+        if _host_list(lengths):
+            metas["actual_seq_lengths_kv"] = _sunk_lengths(lengths)
+            if metas["actual_seq_lengths_kv"] is None:
+                return None
         plan = _fia_checks.validate(_fia._args(*(_meta(a.meta.get("val")) for a in node.args),
                                                metas))
     except (ValueError, TypeError, RuntimeError, NotImplementedError, AttributeError):
@@ -535,9 +549,11 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
         if name in ("actual_seq_lengths", "actual_seq_lengths_kv") and value is not None:
             if not isinstance(value, fx.Node):
                 return None  # host lists: the twin always has tensors
-            if _host_list(value):  # a slice of the sunk scalar buffer: int64 on the query's
-                # device; the general op checks host lists further
-                val = torch.empty(query.shape[0], dtype=torch.int64, device="meta")
+            if _host_list(value):  # a slice of the sunk scalar buffer; the general op checks
+                # host lists further
+                val = _sunk_lengths(value)
+                if val is None:
+                    return None
                 host |= 1 if name == "actual_seq_lengths" else 2
             elif not (isinstance(val, torch.Tensor) and val.dtype == torch.int64
                       and val.dim() == 1 and val.device.type == "cpu"):
@@ -552,8 +568,11 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
     except (ValueError, TypeError, RuntimeError, NotImplementedError, AttributeError):
         return None  # the general op raises its error at run time
     if (plan.k_quant is not None or plan.v_quant is not None or plan.ifa.kv_padding is not None
-            or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
-        return None
+            or query.dtype not in (torch.float32, torch.bfloat16, torch.float16)
+            or plan.ifa.dims.q_len == 0 or plan.ifa.dims.kv_len == 0):
+        return None  # (empty sequences: the general op's own behaviour, errors included)
+    if not all(-2**63 <= int(kw.get(n, 0)) < 2**63 for n in ("pre_tokens", "next_tokens")):
+        return None  # not an int64 of the kernel's schema
     table = kw.get("block_table")
     table_val = table.meta.get("val") if isinstance(table, fx.Node) else None
     if table is not None and not isinstance(table_val, torch.Tensor):
@@ -648,6 +667,16 @@ def _host_list(lengths: Any) -> bool:
     the unit's sunk scalar buffer (no traced value). The general op checks such lengths against
     a paged cache's block table (launch_ops.cpp: check_paged_lengths), so the kernel does too."""
     return isinstance(lengths, fx.Node) and not isinstance(lengths.meta.get("val"), torch.Tensor)
+
+
+def _sunk_lengths(node: fx.Node) -> torch.Tensor | None:
+    """A meta int64 tensor with as many entries as the host list a sunk length argument holds
+    (``aten.slice(buffer, 0, start, end)`` of the unit's sunk scalar buffer: the traced list's
+    length is fixed for the unit), or None when the node is not such a slice."""
+    if (node.target is not torch.ops.aten.slice.Tensor or len(node.args) != 4
+            or not all(isinstance(a, int) for a in node.args[1:])):
+        return None
+    return torch.empty(node.args[3] - node.args[2], dtype=torch.int64, device="meta")
 
 
 def _copied(value: Any, copies: dict) -> Any:

@@ -467,6 +467,11 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
   // actual_seq_lengths and empty windows give zeros
   std::vector<int64_t> lo(T, 0), hi(T, 0);
   int64_t window = 0;
+  // bands beyond any position (the general op compares Python ints): clamped so that the window
+  // arithmetic below cannot overflow; INT_MAX and above still mean "no bound" in mode 0
+  constexpr int64_t kBand = int64_t(1) << 62;
+  pre_tokens = std::clamp(pre_tokens, -kBand, kBand);
+  next_tokens = std::clamp(next_tokens, -kBand, kBand);
   for (int64_t b = 0; b < B; b++) {
     const int64_t sq = ql.empty() ? Sq : ql[b], n = skv[b];
     for (int64_t i = 0; i < std::min(sq, Sq); i++) {
