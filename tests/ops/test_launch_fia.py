@@ -5,9 +5,9 @@ the kernel does not serve (an lse output, a mask) stay FIA calls; in a unit that
 they go to ``torchair_native::fia_prompt`` (tests/ops/test_launch_fia_prompt.py)."""
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import torchair
+from tests.ops._units import compile_static as _compile, op_calls as _op_calls
 from tests.ops._paging import paged
 from torchair.ops.attention.cpu import launch as _launch
 
@@ -50,24 +50,6 @@ def _inputs(paged_cache, seed=0):
         k = k.transpose(1, 2).reshape(3, 64, -1).contiguous()
         v = v.transpose(1, 2).reshape(3, 64, -1).contiguous()
     return q, k, v, table
-
-
-def _compile(module, tensors, run_eagerly):
-    torch._dynamo.reset()
-    for t in tensors:
-        if t is not None:
-            torch._dynamo.mark_static(t)
-    config = torchair.CompilerConfig()
-    config.debug.run_eagerly = run_eagerly
-    config.experimental_config.tiling_schedule_optimize = True
-    return torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
-                         dynamic=True, fullgraph=True)
-
-
-def _op_calls(fn, *args):
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn(*args)
-    return {e.name for e in prof.events() if e.name.startswith(("npu::", "torchair_native::"))}
 
 
 @pytest.mark.parametrize("paged_cache", [False, True], ids=["dense", "paged"])

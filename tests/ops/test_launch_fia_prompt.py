@@ -9,9 +9,9 @@ import itertools
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import torchair
+from tests.ops._units import compile_static as _compile, op_calls as _op_calls
 from tests.ops._paging import block_table
 from torchair.ops.attention.cpu import launch as _launch
 
@@ -139,24 +139,6 @@ class _Prefill(torch.nn.Module):
             kw.update(block_table=table, block_size=BS)
         out, lse = FIA(q, k, v, **kw)
         return (out * 2, lse) if self.lse else out * 2
-
-
-def _compile(module, tensors, run_eagerly):
-    torch._dynamo.reset()
-    for t in tensors:
-        if t is not None:
-            torch._dynamo.mark_static(t)
-    config = torchair.CompilerConfig()
-    config.debug.run_eagerly = run_eagerly
-    config.experimental_config.tiling_schedule_optimize = True
-    return torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
-                         dynamic=True, fullgraph=True)
-
-
-def _op_calls(fn, *args):
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn(*args)
-    return {e.name for e in prof.events() if e.name.startswith(("npu::", "torchair_native::"))}
 
 
 def _same_error(eager, compiled, *args):
