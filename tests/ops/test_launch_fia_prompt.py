@@ -340,3 +340,86 @@ def test_empty_query_or_kv_stays_the_general_ops():
                                            want)
         reports = torchair.graph_reports()
         assert not reports or reports[-1].launch_kernels == 0
+
+
+class _GeneralFirst(torch.nn.Module):
+    """A FIA call left to FIA's Python op (its lse is used), then a bound one."""
+
+    def forward(self, q, k, v, kv1, kv2):
+        kw = dict(num_heads=N, num_key_value_heads=NKV, scale=0.3, sparse_mode=3)
+        b, lse = FIA(q, k, v, actual_seq_lengths_kv=kv2, softmax_lse_flag=True, **kw)
+        a = FIA(q, k, v, actual_seq_lengths_kv=kv1, **kw)[0]
+        return a.sum() + b.sum() + lse.sum()
+
+
+@pytest.mark.inductor
+def test_inductor_units_raise_the_python_ops_error_as_eager():
+    """Inductor's C++ wrapper turns a Python op's ValueError into a RuntimeError: the unit
+    raises eager's ValueError. Inductor may run the bound call before an earlier op (it did
+    here), so an error it kept does not replace the error the run raised."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    module = _GeneralFirst()
+    compiled = _compile(module, (q, k, v), False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(q, k, v, [20, 7], [30, 6]),
+                                   module(q, k, v, [20, 7], [30, 6]))
+        assert torchair.graph_reports()[-1].launch_kernels == 1
+        text = _same_error(module, compiled, q, k, v, [20, 7], [-5, 6])  # the Python op's
+        assert "actual_seq_lengths_kv[0]=-5" in text
+        text = _same_error(module, compiled, q, k, v, [20, -7], [-5, 6])  # both: the first
+        assert "actual_seq_lengths_kv[0]=-5" in text
+        text = _same_error(module, compiled, q, k, v, [20, -7], [30, 6])  # the bound call's
+        assert "actual_seq_lengths_kv[1]=-7" in text
+
+
+def test_an_error_kept_outside_a_run_does_not_reach_the_next_run():
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    module = _Prefill()
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        want = module(q, k, v, [5, 3], [40, 17], None)
+        torch.testing.assert_close(compiled(q, k, v, [5, 3], [40, 17], None), want,
+                                   atol=1e-5, rtol=1e-5)
+        kw = _kwargs("BSH", None, 3, INT_MAX, INT_MAX, [5, 3], [40, -1])
+        _op(q, k, v, kw, defer=True)  # by hand, outside any unit: keeps an error
+        assert _launch.pending().value
+        torch.testing.assert_close(compiled(q, k, v, [5, 3], [40, 17], None), want,
+                                   atol=1e-5, rtol=1e-5)
+    assert _launch._take() is None
+
+
+def test_threads_sharing_one_compiled_unit_get_their_own_results_and_errors():
+    """A unit stages each call's lengths into its one sunk-scalar buffer: calls from several
+    threads at once are serialized, so no thread reads another's lengths (before, about one
+    run in five came back with the other thread's result or error)."""
+    import threading
+
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    module = _Prefill()
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        compiled(q, k, v, [5, 3], [40, 17], None)
+        cases = {"a": ([5, 3], [40, 17]), "b": ([2, 5], [11, 30]), "bad": ([5, 3], [40, -2])}
+        wants = {name: module(q, k, v, *lens, None) for name, lens in cases.items()
+                 if name != "bad"}
+    wrong = []
+
+    def worker(name):
+        with torch.no_grad():
+            for _ in range(60):
+                try:
+                    got = compiled(q, k, v, *cases[name], None)
+                except ValueError as exc:
+                    if name != "bad" or "actual_seq_lengths_kv[1]=-2" not in str(exc):
+                        wrong.append((name, str(exc)))
+                    continue
+                if name == "bad" or not torch.allclose(got, wants[name], atol=1e-5):
+                    wrong.append((name, "result"))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in ("a", "b", "bad", "a")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert not wrong, wrong[:5]

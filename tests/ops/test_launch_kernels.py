@@ -209,20 +209,28 @@ def test_deferred_errors_are_kept_once_and_cleared():
     with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 99 is not a block"):
         run([q, kb, vb, torch.tensor([64, 16, 20]), bad])
     assert _launch._take() is None
-    # a run that fails later raises the error kept earlier (eager stops there) and leaves
+    # a run that fails later raises the error kept earlier when the engine runs the program in
+    # order (eager stops there), its own error otherwise (Inductor may reorder), and leaves
     # nothing behind; with nothing kept, its own error
+    def fails_later(args):
+        _op(*args, defer=True)
+        return 1 / 0
+
     with pytest.raises(ValueError, match=r"actual_seq_lengths\[0\]=-1"):
-        _launch.checked(lambda args: (_op(*args, defer=True), 1 / 0))([q, k, v, torch.tensor([-1])])
+        _launch.checked(fails_later, in_order=True)([q, k, v, torch.tensor([-1])])
     assert _launch._take() is None
     with pytest.raises(ZeroDivisionError):
-        _launch.checked(lambda args: (_op(*args, defer=True), 1 / 0))([q, k, v, torch.tensor([1])])
+        _launch.checked(fails_later)([q, k, v, torch.tensor([-1])])
+    assert _launch._take() is None
+    with pytest.raises(ZeroDivisionError):
+        _launch.checked(fails_later, in_order=True)([q, k, v, torch.tensor([1])])
 
     def interrupted(args):
         _op(*args, defer=True)
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):  # an interrupt stays one, and clears what was kept
-        _launch.checked(interrupted)([q, k, v, torch.tensor([-1])])
+        _launch.checked(interrupted, in_order=True)([q, k, v, torch.tensor([-1])])
     assert _launch._take() is None
 
 
@@ -513,3 +521,16 @@ def test_a_refused_library_leaves_eager_errors_to_the_general_op(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "raised: " in run.stdout and "actual_seq_lengths" in run.stdout
     assert "killed by SIGSEGV" in run.stderr  # the warning
+
+
+def test_python_errors_wrapped_by_a_cpp_caller_are_unwrapped():
+    """Inductor's C++ wrapper / AOTInductor report a Python op's exception as a RuntimeError
+    "<type>: <text>" (pybind11 may add the frames): the unit raises the original type and text;
+    other RuntimeErrors stay."""
+    for wrapped, want in (("ValueError: op: x[0]=-1 must be >= 0", ValueError),
+                          ("ValueError: op: bad\n\nAt:\n  f.py(1): g\n", ValueError),
+                          ("NotImplementedError: op: rope", NotImplementedError)):
+        error = _launch.eager_error(RuntimeError(wrapped))
+        assert type(error) is want and str(error) == wrapped.split(": ", 1)[1].split("\n\n")[0]
+    assert _launch.eager_error(RuntimeError("shape mismatch")) is None
+    assert _launch.eager_error(ValueError("ValueError: x")) is None  # not wrapped

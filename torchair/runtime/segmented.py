@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -171,9 +172,13 @@ class SegmentedUnit:
         self.program = program
         report.engine = engine if engine == "fx" else f"{engine} (segments) + fx (host)"
         self._describe(gm)
+        # one call at a time: captured pieces stage inputs into, and pass results through,
+        # static buffers shared by every call (as StaticUnit)
+        self._lock = threading.RLock()
 
     def __call__(self, args: list) -> Sequence[Any]:
-        return self.program(*args)
+        with self._lock:
+            return self.program(*args)
 
     # -- building the host program
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
+import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -98,17 +99,22 @@ class StaticUnit:
         self.run: Callable[[list], Sequence[Any]] | None = None
         self._fast: Callable[[list], Sequence[Any]] | None = None  # see _fused
         self._warned_copies = False
+        # one call at a time: a call stages its sunk scalars into the unit's one buffer (and a
+        # CUDA graph reads and writes its static buffers), so two threads sharing a compiled
+        # model would read each other's lengths; uncontended, the lock costs ~0.1 us a call
+        self._lock = threading.RLock()
 
     def __call__(self, args: list) -> Sequence[Any]:
-        fast = self._fast
-        if fast is not None:
-            return fast(args)
-        unit_args = [args[i] for i in self.kept]
-        if self.sunk is not None:
-            unit_args.append(self.sunk.stage(args))
-        if self.run is None:
-            return self._build(args, unit_args)
-        return self.run(unit_args)
+        with self._lock:
+            fast = self._fast
+            if fast is not None:
+                return fast(args)
+            unit_args = [args[i] for i in self.kept]
+            if self.sunk is not None:
+                unit_args.append(self.sunk.stage(args))
+            if self.run is None:
+                return self._build(args, unit_args)
+            return self.run(unit_args)
 
     def _build(self, args: list, unit_args: list) -> Sequence[Any]:
         start = time.perf_counter()
@@ -122,7 +128,10 @@ class StaticUnit:
         errors = _launch.loaded() and self.capture is None  # launch kernels defer their errors
         as_fia = errors and _launch.fia_errors(self.gm)
         if self.capture is None:
-            self.run = _launch.checked(engine, as_fia=as_fia) if errors else engine
+            in_order = self.engine_name not in ("inductor", _engines.CPP_ENGINE,
+                                                _engines.AOT_ENGINE)  # the FX engine
+            self.run = (_launch.checked(engine, as_fia=as_fia, in_order=in_order) if errors
+                        else engine)
             cpu = _device_of(unit_args).type == "cpu"
             try:
                 outputs = self.run(unit_args)
@@ -159,7 +168,7 @@ class StaticUnit:
             from torchair.ops.attention.cpu import launch as _launch
 
             pending, raise_pending = _launch.pending(), _launch.raise_pending
-            raise_kept_first = _launch.raise_kept_first
+            eager_error, take = _launch.eager_error, _launch._take
         if bump:
             from torch.autograd.graph import increment_version
 
@@ -168,14 +177,17 @@ class StaticUnit:
             if sunk is not None:
                 unit_args.append(sunk.stage(args))
             call_args = list(unit_args) if bump else unit_args  # the entry clears its list
+            if errors and pending.value:
+                take()  # kept by a call outside any unit run (defer_errors by hand): not ours
             try:
                 if labelled and profiler._is_profiler_enabled:
                     outputs = graph(call_args)
                 else:
                     outputs = entry(call_args)
             except BaseException as exc:
-                if errors:  # an error a launch kernel deferred before this one comes first
-                    raise_kept_first(exc, as_fia)
+                error = eager_error(exc, as_fia) if errors else None  # Inductor's order
+                if error is not None:
+                    raise error from None
                 raise
             if bump:
                 increment_version([unit_args[i] for i in bump])

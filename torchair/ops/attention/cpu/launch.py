@@ -60,6 +60,7 @@ import ctypes
 import operator
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -306,18 +307,23 @@ def _take() -> str | None:
     return buf.value.decode(errors="replace")
 
 
-def checked(engine: Any, as_fia: bool = False) -> Any:
+def checked(engine: Any, as_fia: bool = False, in_order: bool = False) -> Any:
     """``engine`` (a static unit's ``fn(args) -> outputs``) raising, after each run, the
     ValueError a launch kernel deferred during it (static units call them with
     ``defer_errors=True``: an exception thrown in C++ would cross Inductor's C++ wrapper or an
     AOTInductor library as a RuntimeError, not as the ValueError eager raises). ``as_fia``: the
     unit's bound calls are ``npu_fused_infer_attention_score`` calls (:func:`fia_errors`): the
-    error is named as that op names it."""
+    error is named as that op names it. ``in_order``: the engine runs the ops in the program's
+    order (the FX engine; see :func:`eager_error`)."""
     def run(args: list) -> Any:
+        if _pending.value:
+            _take()  # kept by a call outside any unit run (defer_errors by hand): not ours
         try:
             outputs = engine(args)
         except BaseException as exc:
-            raise_kept_first(exc, as_fia)
+            error = eager_error(exc, as_fia, in_order)
+            if error is not None:
+                raise error from None
             raise
         if _pending.value:
             raise_pending(as_fia)
@@ -326,14 +332,37 @@ def checked(engine: Any, as_fia: bool = False) -> Any:
     return run
 
 
-def raise_kept_first(exc: BaseException, as_fia: bool = False) -> None:
-    """After a run that raised ``exc``: the ValueError a launch kernel deferred earlier in the
-    same run, if any, is raised instead (eager raises at that earlier call and never reaches the
-    later one); a failed run leaves nothing kept for the next. An interrupt (not an
-    ``Exception``) stays what it is."""
-    error = _take()
-    if error is not None and isinstance(exc, Exception):
-        raise ValueError(_worded(error, as_fia)) from None
+# what a Python op's exception becomes when Inductor's C++ wrapper or an AOTInductor library
+# called the op: a RuntimeError "<type>: <text>" (pybind11 may append "\n\nAt:\n<frames>")
+_WRAPPED = re.compile(r"(ValueError|TypeError|NotImplementedError): (.*?)(?:\n\nAt:\n.*)?",
+                      re.DOTALL)
+_WRAPPED_TYPES = {"ValueError": ValueError, "TypeError": TypeError,
+                  "NotImplementedError": NotImplementedError}
+
+
+def eager_error(exc: BaseException, as_fia: bool = False,
+                in_order: bool = False) -> BaseException | None:
+    """The exception eager raises where a unit's run raised ``exc`` (None: ``exc`` itself);
+    whatever a launch kernel kept during the run is cleared either way (a failed run leaves
+    nothing for the next).
+
+    * A ValueError a launch kernel deferred earlier in the run, when the engine runs the ops in
+      program order (``in_order``, the FX engine): eager stops at that earlier call and never
+      reaches the one that raised. Inductor may run a bound call before an earlier op of the
+      program, so there the run's own exception stays.
+    * A Python op's ValueError / TypeError / NotImplementedError that Inductor's C++ wrapper or
+      an AOTInductor library turned into a RuntimeError: the original type and text.
+    * An interrupt (not an ``Exception``) stays what it is."""
+    kept = _take()
+    if not isinstance(exc, Exception):
+        return None
+    if kept is not None and in_order:
+        return ValueError(_worded(kept, as_fia))
+    if type(exc) is RuntimeError:
+        match = _WRAPPED.fullmatch(str(exc))
+        if match:
+            return _WRAPPED_TYPES[match.group(1)](match.group(2))
+    return None
 
 
 def pending() -> Any:
