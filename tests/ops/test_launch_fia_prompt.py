@@ -423,3 +423,29 @@ def test_threads_sharing_one_compiled_unit_get_their_own_results_and_errors():
         t.join(120)
     assert not any(t.is_alive() for t in threads)
     assert not wrong, wrong[:5]
+
+
+def test_an_empty_length_list_raises_eagers_error():
+    """A constant length list (here empty) beside a symbolic one goes into the sunk buffer too:
+    the twin takes tensors, and the unit raises eager's count error (before, a TypeError-like
+    RuntimeError about a list where a tensor was expected)."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    module = _Prefill()
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        text = _same_error(module, compiled, q, k, v, [], [40, 17], None)
+    assert "actual_seq_lengths has 0 entries" in text
+
+
+def test_a_specialized_length_list_beside_a_symbolic_one():
+    """Dynamo makes 0 and 1 constants: a query-length list of ones beside symbolic KV lengths
+    (a decode-like first call) goes into the buffer as constants and the unit serves it."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    module = _Prefill()
+    compiled = _compile(module, (q, k, v), True)
+    with torch.no_grad():
+        for kv_lens in ([40, 17], [41, 18]):
+            torch.testing.assert_close(compiled(q, k, v, [1, 1], kv_lens, None),
+                                       module(q, k, v, [1, 1], kv_lens, None),
+                                       atol=1e-5, rtol=1e-5)
+    assert torchair.graph_reports()[-1].launch_kernels == 1

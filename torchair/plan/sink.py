@@ -162,7 +162,12 @@ def sink_scalars(gm: fx.GraphModule, analysis: Analysis, input_names: Sequence[s
         node = val_map[use.node]
         if not use.symbolic_args:
             continue
-        for name in use.symbolic_args:
+        # every host-read list argument goes into the buffer, the constant ones ([], or values
+        # Dynamo specialized) too: the twin takes tensors there
+        for name in use.entry.args:
+            if name not in use.symbolic_args and not isinstance(_arg(use.node, name),
+                                                                (list, tuple)):
+                continue  # absent (None)
             values = _flat(_arg(use.node, name))
             start = len(slots)
             slots.extend(_Ref(index[v]) if isinstance(v, fx.Node) else int(v) for v in values)
