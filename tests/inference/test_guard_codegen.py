@@ -162,3 +162,33 @@ def test_generated_expressions_equal_the_general_ones(code):
     assert gs._program is not None
     for fast, general in answers:
         assert not fast or general, (code, answers)  # never serves what the general refuses
+
+
+def test_compiled_frames_that_assign_buffers_do_not_guard_on_the_module_epoch():
+    """cache_compile watches module registrations with PyTorch's global hooks; Dynamo traced
+    them inside any compiled forward that assigns a buffer and guarded on the epoch, so such a
+    frame compiled again at every call (the Llama client hit the recompile limit after a
+    cache_compile test in the same process)."""
+    from torchair.inference import _guard_eval
+
+    _guard_eval._watch_modules()
+
+    class Assigns(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("b", torch.zeros(3))
+
+        def forward(self, x):
+            self.b = x * 2
+            return x + 1
+
+    module = Assigns()
+    compiled = torch.compile(module, fullgraph=True, backend="eager")
+    torch._dynamo.utils.counters.clear()
+    for _ in range(10):
+        x = torch.randn(3)
+        assert torch.equal(compiled(x), x + 1) and torch.equal(module.b, x * 2)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    before = _guard_eval.module_epoch()
+    module.register_buffer("c", torch.ones(1))  # outside compiled code: bumped
+    assert _guard_eval.module_epoch() == before + 1

@@ -691,6 +691,13 @@ _epoch_hooks: list = []
 
 
 def _bump_epoch(*_: Any) -> None:
+    # Dynamo traces these hooks where a compiled forward assigns a buffer (transformers' caches
+    # do): bumping there made every such frame guard on the epoch's value and compile again at
+    # each call, up to Dynamo's recompile limit. Dynamo replays the assignment after its graph
+    # without the hooks, so an assignment inside a compiled region does not bump the epoch;
+    # cache_compile's per-call check still reads each call's parameters and buffers.
+    if torch.compiler.is_compiling():
+        return
     _module_epoch[0] += 1
 
 
