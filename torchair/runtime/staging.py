@@ -29,9 +29,14 @@ class SunkScalars:
         self.buffer = torch.zeros(len(program), dtype=torch.int64, device=device)
         self._cuda = self.buffer.device.type == "cuda"
         self._host_view = _host_view(self.buffer)
+        # eager's checks of lengths that were host lists, on the host values, for the calls
+        # that do not check them themselves (torchair.ops.attention.sunk_checks)
+        self.checks: list = []
 
     def stage(self, args: Sequence[Any]) -> torch.Tensor:
         values = self.program(args)
+        for check in self.checks:
+            check(values)
         if self._cuda:
             # pinned + non_blocking: the host never waits for the device; the caching host
             # allocator keeps the pinned block alive until the copy has run

@@ -121,6 +121,9 @@ class StaticUnit:
         what = f"graph {self.report.graph_id}"
         if self.program is not None and self.sunk is None:
             self.sunk = SunkScalars(self.program, _device_of(unit_args))
+            from torchair.ops.attention.sunk_checks import host_list_checks
+
+            self.sunk.checks = [check for _, check in host_list_checks(self.gm)]
             unit_args.append(self.sunk.stage(args))
         engine = self._engine(unit_args, what)
         from torchair.ops.attention.cpu import launch as _launch
@@ -237,6 +240,12 @@ class StaticUnit:
 
         gm, count = _launch.bind_static_unit(self.gm)
         self.report.launch_kernels = count
+        if count and self.sunk is not None:  # bound calls check their host lists in C++
+            from torchair.ops.attention.sunk_checks import host_list_checks
+
+            left = {n.name for n in gm.graph.nodes}
+            self.sunk.checks = [check for name, check in host_list_checks(self.gm)
+                                if name in left]
         if count:
             logger.debug("graph %d: %d call(s) bound to launch kernels", self.report.graph_id,
                          count)

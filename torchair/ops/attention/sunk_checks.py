@@ -1,0 +1,137 @@
+"""Eager's host-list checks for attention calls whose lengths a static unit sank.
+
+Eager validates ``actual_seq_lengths`` given as a Python list further than as a tensor: with a
+paged cache the block table must be wide enough and the cache must have enough blocks for the
+lengths (IFA, FIA), and FIA's query lengths must lie in ``[0, S_q]``. Path 4 sinks such lists
+into the unit's int64 buffer and calls the op's tensor twin, which cannot know that its tensor
+was a list. Calls bound to a C++ launch kernel check them there (``host_lengths``); for the
+calls left to the twin (CUDA units, no C++ compiler, ``TORCHAIR_NATIVE_KERNELS=0``, arguments
+the kernels do not take) :func:`host_list_checks` gives the same checks as functions of the
+buffer's host values, run by :class:`torchair.runtime.staging.SunkScalars` before each launch,
+with eager's texts (IFA's, FIA's or FIA v2's words) and in eager's order within the call. What
+the twin reports itself with eager's text (a count of neither B nor 1, negative KV lengths) is
+left to it, so that it is raised at the call, in the program's order; the checks here raise
+before the launch, so when another call of the same unit fails too, the order between the two
+may differ from eager's.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+__all__ = ["host_list_checks"]
+
+Check = Callable[[list], None]
+
+
+def _slots(node: Any) -> tuple[int, int] | None:
+    """``(start, end)`` of a length argument that is a slice of the sunk buffer, else None."""
+    if (isinstance(node, fx.Node) and node.target is torch.ops.aten.slice.Tensor
+            and len(node.args) == 4 and all(isinstance(a, int) for a in node.args[1:])
+            and not isinstance(node.meta.get("val"), torch.Tensor)):
+        return node.args[2], node.args[3]
+    return None
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _paged(args: tuple, kw: dict) -> tuple[int, int, int] | None:
+    """``(table width, cache blocks, block_size)`` of a paged call, None for a dense one."""
+    table, key = _val(kw.get("block_table")), _val(args[1]) if len(args) > 1 else None
+    if not isinstance(table, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return None
+    return int(table.shape[1]), int(key.shape[0]), int(kw.get("block_size", 0))
+
+
+def _call_check(kv_slots: tuple[int, int] | None, q_slots: tuple[int, int] | None, batch: int,
+                q_len: int, paged: tuple[int, int, int] | None, kv_wording: Callable[[], Any],
+                q_wording: Callable[[], Any]) -> Check:
+    """One call's checks. What the twin itself reports with eager's text (a count of neither B
+    nor 1, negative KV lengths) is left to it, so that it is raised where the call runs, in the
+    program's order; only the checks of host lists alone run here, before the launch."""
+    from torchair.ops.attention import fia_checks as _fia
+    from torchair.ops.attention import ifa_checks as _ifa
+
+    def check(values: list) -> None:
+        if kv_slots is not None:
+            lengths = values[kv_slots[0]:kv_slots[1]]
+            if len(lengths) not in (batch, 1) or min(lengths, default=0) < 0:
+                return  # the twin's own errors, at the call
+            if paged is not None:
+                with kv_wording():
+                    _ifa.check_paged_lengths(lengths * batch if len(lengths) == 1 else lengths,
+                                             *paged)
+        if q_slots is not None:
+            lengths = values[q_slots[0]:q_slots[1]]
+            if len(lengths) not in (batch, 1):
+                return
+            for i, x in enumerate(lengths):
+                if not 0 <= x <= q_len:
+                    with q_wording():
+                        raise _fia._err(f"actual_seq_lengths[{i}]={x} must be in [0, S_q="
+                                        f"{q_len}] (the valid query rows of batch {i})")
+    return check
+
+
+def _dims(node: fx.Node, layout: str) -> tuple[int, int] | None:
+    """``(B, S_q)`` of the call's query."""
+    query = _val(node.args[0]) if node.args else None
+    if not isinstance(query, torch.Tensor) or query.dim() not in (3, 4):
+        return None
+    s_dim = 2 if layout.startswith("BNSD") or layout == "NSD" else 1
+    if layout == "NSD":
+        return 1, int(query.shape[1])
+    return int(query.shape[0]), int(query.shape[s_dim])
+
+
+def host_list_checks(gm: fx.GraphModule) -> list[tuple[str, Check]]:
+    """``(node name, check)`` for every IFA / FIA / FIA v2 tensor-twin call of ``gm`` whose
+    lengths were host lists (module doc); ``check(values)`` takes the sunk buffer's host values
+    and raises eager's ValueError."""
+    from torchair.ops.attention import fia_checks as _fia_checks
+    from torchair.ops.attention import fused_infer_attention_score_v2 as _v2
+
+    npu = torch.ops.npu
+    ifa = npu.npu_incre_flash_attention_tensor.default
+    fia = npu.npu_fused_infer_attention_score_tensor.default
+    fia_v2 = npu.npu_fused_infer_attention_score_v2_tensor.default
+    checks: list[tuple[str, Check]] = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (ifa, fia, fia_v2):
+            continue
+        kw = dict(node.kwargs)
+        if node.target is fia_v2:
+            kw = {_v2._TO_V1.get(k, k): v for k, v in kw.items()}
+            layout = kw.get("input_layout", "BSH")
+            kw["input_layout"] = _v2.LAYOUTS.get(layout, (layout,))[0]
+        layout = kw.get("input_layout", "BSH")
+        dims = _dims(node, layout) if isinstance(layout, str) else None
+        if dims is None:
+            continue
+        batch, q_len = dims
+        paged = _paged(node.args, kw)
+        if node.target is ifa:
+            wording: Callable[[], Any] = contextlib.nullcontext
+            kv_name = "actual_seq_lengths"
+        elif node.target is fia:
+            wording = lambda: _fia_checks._as_fia(kv_lengths=True)  # noqa: E731
+            kv_name = "actual_seq_lengths_kv"
+        else:
+            def wording():  # v1's checks under FIA's words, then v2's
+                stack = contextlib.ExitStack()
+                stack.enter_context(_v2._v2_names())
+                stack.enter_context(_fia_checks._as_fia(kv_lengths=True))
+                return stack
+            kv_name = "actual_seq_lengths_kv"
+        kv_slots = _slots(kw.get(kv_name))
+        q_slots = _slots(kw.get("actual_seq_lengths")) if node.target is not ifa else None
+        if (kv_slots is not None and paged is not None) or q_slots is not None:
+            q_wording = contextlib.nullcontext if node.target is fia else _v2._v2_names
+            checks.append((node.name, _call_check(kv_slots, q_slots, batch, q_len, paged,
+                                                  wording, q_wording)))
+    return checks
