@@ -217,7 +217,11 @@ def worker(rank: int, world: int, port: int, out_dir: str, names: list, inductor
     finally:
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(results, f)
-        dist.destroy_process_group()
+        try:  # every rank is done before any tears its connections down: a rank leaving while
+            # the other was still in gloo aborted that one in its teardown (SIGABRT, once in CI)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 class CachedTP(torch.nn.Module):
