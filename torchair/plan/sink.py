@@ -186,6 +186,17 @@ def sink_scalars(gm: fx.GraphModule, analysis: Analysis, input_names: Sequence[s
     return SinkResult(new_gm, program, kept)
 
 
+def sunk_slots(node: Any) -> tuple[int, int] | None:
+    """``(start, end)`` in the sunk buffer when ``node`` is an argument :func:`sink_scalars`
+    replaced (``aten.slice(buffer, 0, start, end)``, no traced value: the host list it held had
+    ``end - start`` entries), else None."""
+    if (isinstance(node, fx.Node) and node.target is torch.ops.aten.slice.Tensor
+            and len(node.args) == 4 and all(isinstance(a, int) for a in node.args[1:])
+            and not isinstance(node.meta.get("val"), torch.Tensor)):
+        return node.args[2], node.args[3]
+    return None
+
+
 def _set_arg(node: fx.Node, name: str, value: fx.Node) -> None:
     if name in node.kwargs:
         node.update_kwarg(name, value)

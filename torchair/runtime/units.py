@@ -26,6 +26,10 @@ from torchair.runtime import engines as _engines
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.staging import InputStager, SunkScalars
 
+# the engines that compile with Inductor (which may order independent ops differently from the
+# program); every other engine is the FX engine
+_INDUCTOR_ENGINES = ("inductor", _engines.CPP_ENGINE, _engines.AOT_ENGINE)
+
 _capture_override: list[str | None] = []
 
 
@@ -98,6 +102,7 @@ class StaticUnit:
         self.sunk: SunkScalars | None = None
         self.run: Callable[[list], Sequence[Any]] | None = None
         self._fast: Callable[[list], Sequence[Any]] | None = None  # see _fused
+        self._host_checks: list = []  # (call node name, check) of the sunk host lists
         self._warned_copies = False
         # one call at a time: a call stages its sunk scalars into the unit's one buffer (and a
         # CUDA graph reads and writes its static buffers), so two threads sharing a compiled
@@ -123,7 +128,8 @@ class StaticUnit:
             self.sunk = SunkScalars(self.program, _device_of(unit_args))
             from torchair.ops.attention.sunk_checks import host_list_checks
 
-            self.sunk.checks = [check for _, check in host_list_checks(self.gm)]
+            self._host_checks = host_list_checks(self.gm)  # (call node name, check)
+            self.sunk.checks = [check for _, check in self._host_checks]
             unit_args.append(self.sunk.stage(args))
         engine = self._engine(unit_args, what)
         from torchair.ops.attention.cpu import launch as _launch
@@ -131,8 +137,7 @@ class StaticUnit:
         errors = _launch.loaded() and self.capture is None  # launch kernels defer their errors
         as_fia = errors and _launch.fia_errors(self.gm)
         if self.capture is None:
-            in_order = self.engine_name not in ("inductor", _engines.CPP_ENGINE,
-                                                _engines.AOT_ENGINE)  # the FX engine
+            in_order = self.engine_name not in _INDUCTOR_ENGINES  # the FX engine
             self.run = (_launch.checked(engine, as_fia=as_fia, in_order=in_order) if errors
                         else engine)
             cpu = _device_of(unit_args).type == "cpu"
@@ -212,7 +217,7 @@ class StaticUnit:
                                "graph in this process instead", what, exc)
                 self.engine_name = "inductor"
         gm = self._launch_graph(unit_args)
-        if self.engine_name not in ("inductor", _engines.CPP_ENGINE, _engines.AOT_ENGINE):
+        if self.engine_name not in _INDUCTOR_ENGINES:
             return fx_engine(gm)
         # AOT's runtime may have a dispatch mode active on this call; compile outside it
         directory = _engines.aot_directory()
@@ -241,11 +246,8 @@ class StaticUnit:
         gm, count = _launch.bind_static_unit(self.gm)
         self.report.launch_kernels = count
         if count and self.sunk is not None:  # bound calls check their host lists in C++
-            from torchair.ops.attention.sunk_checks import host_list_checks
-
             left = {n.name for n in gm.graph.nodes}
-            self.sunk.checks = [check for name, check in host_list_checks(self.gm)
-                                if name in left]
+            self.sunk.checks = [check for name, check in self._host_checks if name in left]
         if count:
             logger.debug("graph %d: %d call(s) bound to launch kernels", self.report.graph_id,
                          count)

@@ -22,18 +22,11 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from torchair.plan.sink import sunk_slots
+
 __all__ = ["host_list_checks"]
 
 Check = Callable[[list], None]
-
-
-def _slots(node: Any) -> tuple[int, int] | None:
-    """``(start, end)`` of a length argument that is a slice of the sunk buffer, else None."""
-    if (isinstance(node, fx.Node) and node.target is torch.ops.aten.slice.Tensor
-            and len(node.args) == 4 and all(isinstance(a, int) for a in node.args[1:])
-            and not isinstance(node.meta.get("val"), torch.Tensor)):
-        return node.args[2], node.args[3]
-    return None
 
 
 def _val(node: Any) -> Any:
@@ -128,8 +121,8 @@ def host_list_checks(gm: fx.GraphModule) -> list[tuple[str, Check]]:
                 stack.enter_context(_fia_checks._as_fia(kv_lengths=True))
                 return stack
             kv_name = "actual_seq_lengths_kv"
-        kv_slots = _slots(kw.get(kv_name))
-        q_slots = _slots(kw.get("actual_seq_lengths")) if node.target is not ifa else None
+        kv_slots = sunk_slots(kw.get(kv_name))
+        q_slots = sunk_slots(kw.get("actual_seq_lengths")) if node.target is not ifa else None
         if (kv_slots is not None and paged is not None) or q_slots is not None:
             q_wording = contextlib.nullcontext if node.target is fia else _v2._v2_names
             checks.append((node.name, _call_check(kv_slots, q_slots, batch, q_len, paged,

@@ -73,6 +73,7 @@ import torch.fx as fx
 from torchair.core.utils import logger
 from torchair.ops.attention.cpu import native as _decode_native
 from torchair.ops.toolchain import native as _native
+from torchair.plan.sink import sunk_slots
 
 __all__ = ["LAYOUTS", "available", "bind_static_unit", "checked", "ifa_decode", "loaded",
            "pending", "raise_pending"]
@@ -471,6 +472,18 @@ def _decode_takes(args: tuple, node_kwargs: dict) -> bool:
     return _kernel_takes(plan, *vals, kwargs.get("block_table"))
 
 
+def _defaults_but(kwargs: dict, taken: Any, defaults: dict) -> bool:
+    """Every keyword argument not in ``taken`` has its default."""
+    return all(name in taken or value == defaults.get(name, object())
+               for name, value in kwargs.items())
+
+
+def _only_output_used(node: fx.Node) -> bool:
+    """The call's users only take its first output (FIA's softmax_lse is unused)."""
+    return (all(u.op == "call_function" and u.target is operator.getitem for u in node.users)
+            and not any(u.args[1] != 0 and u.users for u in node.users))
+
+
 # FIA keyword arguments -> IFA's, for a decode call the launch kernel serves; every other FIA
 # argument must have its default (no masks, quantization, prefixes, rope or lse output)
 _FIA_AS_IFA = {"actual_seq_lengths_kv": "actual_seq_lengths", "block_table": "block_table",
@@ -486,16 +499,9 @@ def _fia_as_ifa(node: fx.Node) -> dict | None:
     from torchair.ops.attention import fused_infer_attention_score as _fia
     from torchair.ops.attention import fia_checks as _fia_checks
 
-    if len(node.args) != 3:
+    if (len(node.args) != 3 or not _defaults_but(node.kwargs, _FIA_AS_IFA, _fia._DEFAULTS)
+            or not _only_output_used(node)):
         return None
-    for name, value in node.kwargs.items():
-        if name not in _FIA_AS_IFA and value != _fia._DEFAULTS.get(name, object()):
-            return None
-    users = list(node.users)
-    if not all(u.op == "call_function" and u.target is operator.getitem for u in users):
-        return None
-    if any(u.args[1] != 0 and u.users for u in users):
-        return None  # softmax_lse is used
     query = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
     if not isinstance(query, torch.Tensor):
         return None
@@ -530,10 +536,8 @@ def _fia_v2_as_v1(node: fx.Node) -> dict | None:
     from torchair.ops.attention import fused_infer_attention_score_v2 as _v2
 
     kw = node.kwargs
-    for name, value in kw.items():
-        if name not in _v2._TO_V1 and name != "input_layout" and value != _v2._DEFAULTS.get(
-                name, object()):
-            return None  # a v2-only argument in use (rope, int8 query, dtypes, ...)
+    if not _defaults_but(kw, {*_v2._TO_V1, "input_layout"}, _v2._DEFAULTS):
+        return None  # a v2-only argument in use (rope, int8 query, dtypes, ...)
     layout = kw.get("input_layout", "BSH")
     if not isinstance(layout, str) or layout not in LAYOUTS:
         return None  # another output layout, NSD, TND/NTD
@@ -551,12 +555,10 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
     from torchair.ops.attention import fia_checks as _fia_checks
     from torchair.ops.attention import fused_infer_attention_score as _fia
 
-    if len(node.args) != 3:
-        return None
     kw = node.kwargs if kw is None else kw
-    for name, value in kw.items():
-        if name not in _FIA_PROMPT and value != _fia._DEFAULTS.get(name, object()):
-            return None
+    if (len(node.args) != 3 or not _defaults_but(kw, _FIA_PROMPT, _fia._DEFAULTS)
+            or not _only_output_used(node)):
+        return None
     for name in ("num_heads", "num_key_value_heads", "block_size", "sparse_mode", "pre_tokens",
                  "next_tokens", "input_layout", "scale"):
         if isinstance(kw.get(name), fx.Node):
@@ -564,10 +566,6 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
     mode = kw.get("sparse_mode", 0)
     if mode not in (0, 2, 3, 4) or (mode == 0 and kw.get("atten_mask") is not None):
         return None
-    if not all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
-        return None
-    if any(u.args[1] != 0 and u.users for u in node.users):
-        return None  # softmax_lse is used
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args]
     if not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
         return None
@@ -700,12 +698,12 @@ def _host_list(lengths: Any) -> bool:
 
 def _sunk_lengths(node: fx.Node) -> torch.Tensor | None:
     """A meta int64 tensor with as many entries as the host list a sunk length argument holds
-    (``aten.slice(buffer, 0, start, end)`` of the unit's sunk scalar buffer: the traced list's
-    length is fixed for the unit), or None when the node is not such a slice."""
-    if (node.target is not torch.ops.aten.slice.Tensor or len(node.args) != 4
-            or not all(isinstance(a, int) for a in node.args[1:])):
+    (the traced list's length is fixed for the unit), or None when the node is not a slice of
+    the unit's sunk scalar buffer (:func:`torchair.plan.sink.sunk_slots`)."""
+    slots = sunk_slots(node)
+    if slots is None:
         return None
-    return torch.empty(node.args[3] - node.args[2], dtype=torch.int64, device="meta")
+    return torch.empty(slots[1] - slots[0], dtype=torch.int64, device="meta")
 
 
 def _copied(value: Any, copies: dict) -> Any:

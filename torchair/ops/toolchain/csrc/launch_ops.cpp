@@ -218,6 +218,29 @@ at::Tensor general(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v
   return stack.back().toTensor();
 }
 
+// (threads, splits per row) of a kernel call over `rows` rows of at most `window` positions, as
+// torchair.ops.attention.cpu.native.work_split decides them.
+void work_split(int64_t rows, int64_t window, int64_t *threads, int64_t *splits) {
+  *threads = std::max<int64_t>(1, at::get_num_threads());
+  if (rows * window < kSerialWork) *threads = 1;
+  *splits = 1;
+  if (rows < 2 * *threads)
+    *splits =
+        std::max<int64_t>(1, std::min((2 * *threads + rows - 1) / rows, window / kMinSplit));
+}
+
+// The general op's error for block_table[b, c] = id, a block sequence b reads (positions
+// [0, hi)) that the cache of `num_blocks` blocks does not have.
+[[noreturn]] void fail_block_id(bool defer, const char *op, int64_t b, int64_t c, int64_t id,
+                                int64_t num_blocks, int64_t hi) {
+  std::ostringstream msg;
+  msg << op << ": block_table[" << b << ", " << c << "] = " << id
+      << " is not a block of the KV cache (it has " << num_blocks << " blocks, ids 0.."
+      << num_blocks - 1 << "), but sequence " << b << " reads positions [0, " << hi
+      << ") of it; fix the block table";
+  fail(defer, msg.str());
+}
+
 // Page attention's checks of host lengths (a list in the traced call; eager checks them when
 // it validates): the block table is wide enough and the cache has enough blocks for all batches.
 // `lengths`: one per batch, >= 0.
@@ -286,11 +309,8 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
   if (window <= 0)  // nothing attended anywhere
     return at::zeros_like(query, at::MemoryFormat::Contiguous);
   const int64_t rows = B * c.nkv;
-  int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  if (rows * window < kSerialWork) threads = 1;
-  int64_t splits = 1;
-  if (rows < 2 * threads)
-    splits = std::max<int64_t>(1, std::min((2 * threads + rows - 1) / rows, window / kMinSplit));
+  int64_t threads, splits;
+  work_split(rows, window, &threads, &splits);
   at::Tensor qf = query;
   if (query.scalar_type() != at::kFloat || !query.is_contiguous())
     qf = query.to(at::kFloat).contiguous();
@@ -316,14 +336,7 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
                     int(c.nkv), int(G), int(D), int(splits), int(threads), base, base + items * G,
                     base + 2 * items * G, out.data_ptr<float>(), base + items * G * (D + 2),
                     float(scale_value), query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
-  if (rc == -2) {
-    std::ostringstream msg;
-    msg << kOp << ": block_table[" << err[0] << ", " << err[1] << "] = " << err[2]
-        << " is not a block of the KV cache (it has " << c.num_blocks << " blocks, ids 0.."
-        << c.num_blocks - 1 << "), but sequence " << err[0] << " reads positions [0, "
-        << hi[err[0]] << ") of it; fix the block table";
-    fail(defer, msg.str());
-  }
+  if (rc == -2) fail_block_id(defer, kOp, err[0], err[1], err[2], c.num_blocks, hi[err[0]]);
   TORCH_CHECK(rc == 0, "torchair_native::ifa_decode: the native kernel refused its arguments (",
               rc, ")");
   if (query.scalar_type() != at::kFloat) out = out.to(query.scalar_type());
@@ -444,14 +457,7 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
     for (int64_t b = 0; b < B; b++)
       for (int64_t col = 0; col < (skv[b] + bsize - 1) / bsize; col++) {
         const int64_t id = id_at(b, col);
-        if (id < 0 || id >= nblocks) {
-          std::ostringstream msg;
-          msg << names.op << ": block_table[" << b << ", " << col << "] = " << id
-              << " is not a block of the KV cache (it has " << nblocks << " blocks, ids 0.."
-              << nblocks - 1 << "), but sequence " << b << " reads positions [0, " << skv[b]
-              << ") of it; fix the block table";
-          fail(defer, msg.str());
-        }
+        if (id < 0 || id >= nblocks) fail_block_id(defer, names.op, b, col, id, nblocks, skv[b]);
       }
     table_rows.resize(T * tcols);
     for (int64_t b = 0; b < B; b++)
@@ -495,11 +501,8 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
   at::Tensor qf = layout == 1 ? query.transpose(1, 2) : query;
   qf = qf.to(at::kFloat).contiguous();
   const int64_t rows = T * c.nkv, G = c.group, D = c.dim;
-  int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  if (rows * window < kSerialWork) threads = 1;
-  int64_t splits = 1;
-  if (rows < 2 * threads)
-    splits = std::max<int64_t>(1, std::min((2 * threads + rows - 1) / rows, window / kMinSplit));
+  int64_t threads, splits;
+  work_split(rows, window, &threads, &splits);
   const int64_t items = rows * splits;
   at::Tensor scratch =
       at::empty({items * G * (D + 2) + rows * G}, query.options().dtype(at::kFloat));
