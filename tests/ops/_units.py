@@ -1,5 +1,6 @@
-"""Test helpers for static units on CPU: compile a module as path 4 (mark_static, sunk lengths)
-and list the torchair operators one call runs."""
+"""Test helpers for static units on CPU: compile a module as path 4 (mark_static, sunk lengths),
+list the torchair operators one call runs, compare a unit's error with eager's."""
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -26,3 +27,14 @@ def op_calls(fn, *args):
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn(*args)
     return {e.name for e in prof.events() if e.name.startswith(("npu::", "torchair_native::"))}
+
+
+def same_error(eager, compiled, *args) -> str:
+    """Both ``eager(*args)`` and ``compiled(*args)`` raise ValueError, with the same text
+    (returned)."""
+    with pytest.raises(ValueError) as want:
+        eager(*args)
+    with pytest.raises(ValueError) as got:
+        compiled(*args)
+    assert str(got.value) == str(want.value)
+    return str(got.value)

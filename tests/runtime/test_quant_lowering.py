@@ -8,6 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import torchair
+from tests.ops._units import compile_static
 from torchair.runtime import engines
 
 pytestmark = pytest.mark.inductor
@@ -42,14 +43,9 @@ class _QuantBlock(torch.nn.Module):
 
 
 def _compiled(module, *static):
-    """``module`` on torchair path 4 (fresh Dynamo state, ``static`` tensors mark_static)."""
-    torch._dynamo.reset()
-    for t in static:
-        torch._dynamo.mark_static(t)
-    config = torchair.CompilerConfig()
-    config.experimental_config.tiling_schedule_optimize = True
-    return torch.compile(module, backend=torchair.get_npu_backend(compiler_config=config),
-                         dynamic=True, fullgraph=True)
+    """``module`` on torchair path 4 with the Inductor engine (fresh Dynamo state, ``static``
+    tensors mark_static)."""
+    return compile_static(module, static, run_eagerly=False)
 
 
 def _quant_op_calls(fn, *args):

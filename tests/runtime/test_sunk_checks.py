@@ -9,7 +9,7 @@ import torch
 
 import torchair
 from tests.ops._paging import paged
-from tests.ops._units import compile_static
+from tests.ops._units import compile_static, same_error as _same_error
 from torchair.runtime import staging
 
 IFA = torch.ops.npu.npu_incre_flash_attention
@@ -43,15 +43,6 @@ def _inputs(sq):
     k = kb.permute(0, 2, 1, 3).reshape(kb.shape[0], 16, -1)
     v = vb.permute(0, 2, 1, 3).reshape(vb.shape[0], 16, -1)
     return q, k, v, table
-
-
-def _same_error(module, compiled, *args):
-    with pytest.raises(ValueError) as want:
-        module(*args)
-    with pytest.raises(ValueError) as got:
-        compiled(*args)
-    assert str(got.value) == str(want.value)
-    return str(got.value)
 
 
 @pytest.mark.parametrize("op", ["ifa", "fia", "v2"])
