@@ -114,6 +114,14 @@ def busy_warning(info: Mapping[str, Any]) -> str | None:
             f"machine)")
 
 
+def print_machine(info: Mapping[str, Any]) -> None:
+    """Print the machine (:func:`format_machine`) and, when it is busy, the warning saying so."""
+    print(format_machine(info))
+    warning = busy_warning(info)
+    if warning:
+        print(warning)
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 

@@ -647,10 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         tag += f"-{args.threads}thread"
     print("decode-step benchmark: per-step latency, variants interleaved in one run")
-    print(H.format_machine(info))
-    busy = H.busy_warning(info)
-    if busy:
-        print(busy)
+    H.print_machine(info)
     cfg = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
                       kv_heads=args.kv_heads, intermediate=args.intermediate,
                       capacity=args.capacity)

@@ -143,10 +143,7 @@ def main(argv=None) -> int:
         print("the C++ launch kernels are not available (no C/C++ compiler?): nothing to measure")
         return 1
     info = _harness.machine_info("cpu")
-    print(_harness.format_machine(info))
-    warning = _harness.busy_warning(info)
-    if warning:
-        print(warning)
+    _harness.print_machine(info)
     start = time.time()
     rows, results = [], []
     for length in args.lengths:

@@ -752,10 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     for device in args.device:
         info = H.machine_info(device)
         payload["machines"][device] = info
-        print(H.format_machine(info))
-        warn = H.busy_warning(info)
-        if warn:
-            print(warn)
+        H.print_machine(info)
         bw = copy_bandwidth(device)
         info["copy_GBps"] = bw / 1e9
         print(f"{device}: copy bandwidth {bw / 1e9:.1f} GB/s (256 MiB dst.copy_(src), 2 x size)",

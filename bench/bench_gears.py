@@ -504,10 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         tag += "-" + "-".join(args.engine)
     print("gears benchmark: compile time and per-step latency per batch gear, gears cycled, "
           "variants interleaved in one run")
-    print(H.format_machine(info))
-    busy = H.busy_warning(info)
-    if busy:
-        print(busy)
+    H.print_machine(info)
     cfg = D.ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
                         kv_heads=args.kv_heads, intermediate=args.intermediate,
                         capacity=args.capacity)

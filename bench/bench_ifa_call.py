@@ -132,10 +132,7 @@ def main(argv=None) -> int:
         print("the native kernel is not available (no C compiler?): nothing to measure")
         return 1
     info = _harness.machine_info("cpu")
-    print(_harness.format_machine(info))
-    warning = _harness.busy_warning(info)
-    if warning:
-        print(warning)
+    _harness.print_machine(info)
     start = time.time()
     variants = _variants(args)
     for fn in variants.values():  # warm up (binds the fast path's signature)

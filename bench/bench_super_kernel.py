@@ -281,10 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     info = H.machine_info(args.device)
     print("super_kernel benchmark: with and without the scope, variants interleaved in one run")
-    print(H.format_machine(info))
-    warn = H.busy_warning(info)
-    if warn:
-        print(warn)
+    H.print_machine(info)
     rows: list[dict[str, Any]] = []
     if "chain" in args.parts:
         rows += run_chain(args, args.device)
