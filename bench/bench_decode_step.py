@@ -35,6 +35,18 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
   fullgraph=True)``, KV caches ``mark_static_address``. Inductor's CUDA graphs key on the SymInt
   values, so new lengths every step mean no replay of an earlier recording.
 
+Two rows are floors, timed interleaved with the variants, not variants:
+
+- ``floor-gemv``: the weight GEMVs alone (``F.linear`` on the model's weights); with the KV
+  bytes at the measured read bandwidth, the step's floor (``x floor`` column).
+- ``floor-gemv+dynamo`` (when a ``torch.compile`` variant runs): the same GEMVs, then a copy of
+  the module called through ``torch.compile`` with a backend that does no work
+  (:class:`DynamoFloor`). Minus ``floor-gemv``, it is Dynamo's per-call work, which every
+  ``torch.compile`` variant pays before its backend's code runs; the summary prints it, the
+  same work measured as ``torchair`` minus ``torchair-nodynamo``, and the floor plus it as a
+  multiple of eager (an estimate: a unit's GEMVs, called from C++, can beat the floor's Python
+  ``F.linear`` calls).
+
 Each compiled variant is checked against eager (outputs of ``--check-steps`` steps and the final
 KV caches, ``allclose``) before timing; the result is recorded, nothing about speed is asserted.
 
@@ -69,6 +81,11 @@ from torchair.demo._roofline import (GemvFloor, floor_us, kv_read_bytes,  # noqa
                                      read_bandwidth, x_floor)
 
 FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight GEMVs alone
+# the weight GEMVs, then Dynamo's per-call work on the same module with a backend that does
+# nothing: what any torch.compile backend's step costs at least (see DynamoFloor)
+DYNAMO_FLOOR = "floor-gemv+dynamo"
+# variants called through Dynamo (torch.compile): the Dynamo floor is timed when one runs
+_THROUGH_DYNAMO = ("inductor", "torchair", "torchair-fx", "torchair-skipguards", "reduce-overhead")
 
 ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-cache", "torchair-fx",
                 "torchair-skipguards", "torchair-nodynamo",
@@ -260,6 +277,44 @@ class _NoDynamo:
             return self.fn(*flat)[0]
 
         return call
+
+
+class DynamoFloor:
+    """Dynamo's own per-call work on the step: a copy of the module through
+    ``torch.compile(dynamic=True, fullgraph=True)`` (KV caches ``mark_static``, as the
+    variants) with a backend that runs the graph once and then hands back that first result.
+    Called right after the weight GEMVs (``floor-gemv+dynamo`` row), so Dynamo's frame
+    evaluation, guards and argument gathering run with the caches the step's weights evicted,
+    as in a real step. This row minus ``floor-gemv`` is the work every ``torch.compile`` variant
+    pays before its backend's code runs, measured in the same run."""
+
+    def __init__(self, model: DecoderStep, init_k: list[torch.Tensor],
+                 init_v: list[torch.Tensor], gemv: GemvFloor) -> None:
+        import copy
+
+        self.k_caches = [t.clone() for t in init_k]
+        self.v_caches = [t.clone() for t in init_v]
+        for t in self.k_caches + self.v_caches:
+            torch._dynamo.mark_static(t)
+        self.gemv = gemv
+        self.graph_inputs = 0
+        self.compiled = torch.compile(copy.deepcopy(model), backend=self._backend, dynamic=True,
+                                      fullgraph=True)
+
+    def _backend(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        self.graph_inputs = len(example_inputs)
+        saved: list = []
+
+        def first_result(*flat: Any) -> Any:
+            if not saved:
+                saved.append(gm.forward(*flat))
+            return saved[0]
+
+        return first_result
+
+    def __call__(self, step: StepInput) -> None:
+        self.gemv()
+        self.compiled(step.x, step.pos, step.lens, self.k_caches, self.v_caches)
 
 
 def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
@@ -466,6 +521,13 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
         fns[FLOOR] = lambda i: gemv()
         recompiles[FLOOR] = 0
         gemv()  # first call outside the timing, as the variants' warm-up calls
+        dynamo_floor = None
+        if any(name in timed for name in _THROUGH_DYNAMO):
+            dynamo_floor = DynamoFloor(model, init_k, init_v, gemv)
+            for s in warm:  # Dynamo traces here; the second call shows it did not recompile
+                dynamo_floor(s)
+            fns[DYNAMO_FLOOR] = lambda i: dynamo_floor(schedule[i])
+            recompiles[DYNAMO_FLOOR] = 0
         bandwidth = [read_bandwidth(device, sync=sync)]
         t0 = time.perf_counter()
         rounds = H.interleaved_rounds(fns, steps_of_round, args.rounds, sync,
@@ -475,6 +537,8 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
         bandwidth.append(read_bandwidth(device, sync=sync))
         gemv_rounds = rounds.pop(FLOOR)
         recompiles.pop(FLOOR, None)
+        dynamo_rounds = rounds.pop(DYNAMO_FLOOR, None)
+        dynamo_recompiles = recompiles.pop(DYNAMO_FLOOR, None)
 
         profile = None
         prof_name = next((n for n in ("torchair", "torchair-fx") if n in timed), None)
@@ -495,6 +559,10 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
     floor = _floor(schedule, timed_start, args, cfg, gemv, gemv_rounds, bandwidth,
                    torch.empty((), dtype=dtype).element_size())
     out: dict[str, Any] = {"batch": batch, "floor": floor, "variants": {}}
+    if dynamo_rounds is not None:
+        out["dynamo_floor"] = _dynamo_ceiling(dynamo_rounds, floor, eager_median,
+                                              dynamo_recompiles, dynamo_floor.graph_inputs,
+                                              rounds)
     if profile is not None:
         out["profile"] = profile
     for v in variants:
@@ -547,6 +615,42 @@ def _floor(schedule: list[StepInput], timed_start: int, args: argparse.Namespace
                    "interleaved with the variants) + mean KV bytes read per timed step "
                    "(K and V, lens[b] positions per sequence, every layer) / read bandwidth"),
     }
+
+
+def _dynamo_ceiling(rounds: list[list[float]], floor: dict[str, Any], eager_median: float | None,
+                    recompiles: int, graph_inputs: int,
+                    variant_rounds: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """The ``floor-gemv+dynamo`` row and what follows from it: Dynamo's per-call work (that row
+    minus ``floor-gemv``, and, when both ran, ``torchair`` minus ``torchair-nodynamo`` paired
+    per round), and the floor plus that work as a multiple of eager's step. An estimate, not a
+    bound: the floor's GEMVs are Python ``F.linear`` calls, and a unit's GEMVs called from C++
+    can take less."""
+    stats = H.summarize(rounds)
+    dynamo_us = stats["median"] - floor["gemv_us"]["median"]
+    out: dict[str, Any] = {
+        "gemv_plus_dynamo_us": stats,
+        "dynamo_us": dynamo_us,
+        "floor_plus_dynamo_us": floor["floor_us"] + dynamo_us,
+        "floor_plus_dynamo_speedup": (eager_median / (floor["floor_us"] + dynamo_us)
+                                      if eager_median else None),
+        "graph_inputs": graph_inputs,
+        "recompiles_timed": recompiles,
+        "method": (f"{DYNAMO_FLOOR} = per step, the weight GEMVs ({FLOOR}) then a copy of the "
+                   "module called through torch.compile(dynamic=True, fullgraph=True) whose "
+                   "backend returns its first result (Dynamo's frame evaluation, guards and "
+                   f"argument gathering, with the caches the GEMVs evicted); dynamo_us = its "
+                   f"median - the {FLOOR} median; floor_plus_dynamo_speedup = eager median / "
+                   "(floor + dynamo_us)"),
+    }
+    with_dynamo, without = variant_rounds.get("torchair"), variant_rounds.get("torchair-nodynamo")
+    if with_dynamo and without:
+        diffs = sorted((H.percentile(sorted(a), 50) - H.percentile(sorted(b), 50)) * 1e6
+                       for a, b in zip(with_dynamo, without) if a and b)
+        out["torchair_minus_nodynamo_us"] = {
+            "n_rounds": len(diffs), "median": H.percentile(diffs, 50),
+            "p10": H.percentile(diffs, 10), "p90": H.percentile(diffs, 90),
+            "method": "per round: torchair round median - torchair-nodynamo round median"}
+    return out
 
 
 def _paired_x_floor(variant_rounds: list[list[float]], gemv_rounds: list[list[float]],
@@ -662,6 +766,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([b["batch"], FLOOR + " (floor)", None, None, None, None,
                      fl["gemv_us"]["median"], fl["gemv_us"]["p10"], fl["gemv_us"]["p90"], None,
                      None, None])
+        dyn = b.get("dynamo_floor")
+        if dyn:
+            st = dyn["gemv_plus_dynamo_us"]
+            rows.append([b["batch"], DYNAMO_FLOOR, None, None, None, dyn["recompiles_timed"],
+                         st["median"], st["p10"], st["p90"], None, None, None])
         for name, res in b["variants"].items():
             stats = res.get("per_step_us", {})
             recompiles = None
@@ -687,6 +796,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  batch {b['batch']}: floor {fl['floor_us']:.1f} us = GEMVs "
               f"{fl['gemv_us']['median']:.1f} us + KV {fl['kv_bytes_per_step'] / 2**20:.2f} MiB "
               f"at {fl['read_bandwidth_gb_per_s']:.1f} GB/s = {fl['kv_us']:.1f} us")
+    for b in batches:
+        dyn = b.get("dynamo_floor")
+        if dyn:
+            paired = dyn.get("torchair_minus_nodynamo_us")
+            print(f"  batch {b['batch']}: Dynamo's per-call work {dyn['dynamo_us']:.1f} us "
+                  f"({DYNAMO_FLOOR} - {FLOOR}, {dyn['graph_inputs']} graph inputs)"
+                  + (f", {paired['median']:.1f} us (torchair - torchair-nodynamo, paired)"
+                     if paired else "")
+                  + f"; floor + it = {dyn['floor_plus_dynamo_us']:.1f} us"
+                  + (f" = eager / {dyn['floor_plus_dynamo_speedup']:.2f}"
+                     if dyn["floor_plus_dynamo_speedup"] else ""))
     if batches:
         fl = batches[0]["floor"]
         print(f"  GEMVs: {fl['gemvs']}")

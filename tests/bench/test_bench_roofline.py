@@ -54,6 +54,25 @@ def test_floor_fields_and_multiples(payload):
             assert v["x_floor_paired"]["n_rounds"] == 2 and v["x_floor_paired"]["median"] > 0
 
 
+def test_dynamo_floor_bounds_every_torch_compile_variant(payload):
+    """torchair-fx runs through torch.compile, so the run times the floor-gemv+dynamo row: the
+    GEMVs then Dynamo with a backend that does nothing. Minus the GEMV row it is Dynamo's
+    per-call work; the floor plus that work is reported as a multiple of eager's median."""
+    for res in payload["results"]:
+        dyn, floor = res["dynamo_floor"], res["floor"]
+        stats = dyn["gemv_plus_dynamo_us"]
+        assert stats["n"] == 2 * 2 and stats["median"] > 0 and dyn["recompiles_timed"] == 0
+        assert math.isclose(dyn["dynamo_us"], stats["median"] - floor["gemv_us"]["median"])
+        assert math.isclose(dyn["floor_plus_dynamo_us"], floor["floor_us"] + dyn["dynamo_us"])
+        eager = res["variants"]["eager"]["per_step_us"]["median"]
+        assert math.isclose(dyn["floor_plus_dynamo_speedup"], eager / dyn["floor_plus_dynamo_us"])
+        assert "torchair_minus_nodynamo_us" not in dyn  # torchair and nodynamo did not run
+        # Dynamo passes the weights, both caches, x, pos and the lengths to the backend
+        cfg = payload["config"]
+        assert dyn["graph_inputs"] >= 7 * cfg["layers"] + 2 * cfg["layers"] + 2
+        assert "returns its first result" in dyn["method"]
+
+
 def test_kv_bytes_follow_the_lengths(payload):
     """Every step reads at least 2 positions per sequence (lengths start at >= 2)."""
     cfg = payload["config"]
