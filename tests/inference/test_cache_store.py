@@ -660,3 +660,25 @@ def test_sweep_tolerates_concurrent_removal(root, monkeypatch, no_leftover_env):
     removed = cs.sweep_leftovers(root)
     assert ".tmp-file" not in removed
     assert os.listdir(root) == []
+
+
+def test_the_source_hash_covers_the_c_and_cpp_kernels(tmp_path):
+    """An edit of a kernel source alone (launch_ops.cpp, decode_attention.c) gives entries
+    another key: an entry's library calls the launch kernels by their schema."""
+    import shutil
+
+    import torchair
+    from torchair.inference._cache_key import torchair_source_hash as cached
+
+    torchair_source_hash = cached.__wrapped__  # not the per-process cache: files change here
+    src = pathlib.Path(torchair.__file__).resolve().parent
+    root = tmp_path / "torchair"
+    shutil.copytree(src, root, ignore=shutil.ignore_patterns("__pycache__"))
+    before = torchair_source_hash(root)
+    assert before == torchair_source_hash(src)
+    for name in ("launch_ops.cpp", "decode_attention.c"):
+        path = next(root.rglob(name))
+        path.write_text(path.read_text() + "\n// edited\n")
+        after = torchair_source_hash(root)
+        assert after != before, name
+        before = after

@@ -3,8 +3,9 @@ unit run on the C++ launch kernel ``torchair_native::fia_prompt``: each query to
 the decode kernel with its own window of KV positions (the sparse mode's band, the lengths). The
 op against eager FIA over layouts, caches, sparse modes, lengths and dtypes (NaN in every slot no
 window reaches); in a unit: no Python op call per step, and FIA's own ValueError texts, in its
-order, for bad lengths and block ids. Calls it does not compute exactly (a sparse_mode 0 mask,
-an lse output) stay FIA calls."""
+order, for bad lengths and block ids. atten_masks of sparse modes 0/1 that are the same for
+every head are bound too (the kernel's per-row mask). Calls it does not compute exactly (a
+per-head mask, an lse output) stay FIA calls."""
 import itertools
 
 import pytest
@@ -69,11 +70,11 @@ def _kwargs(layout, table, mode, pre, nxt, q_lens, kv_lens):
     return kw
 
 
-def _op(q, k, v, kw, defer=False):
+def _op(q, k, v, kw, defer=False, mask=None):
     return _launch.fia_prompt()(
         q, k, v, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"], kw.get("block_table"),
         N, NKV, _launch.LAYOUTS[kw["input_layout"]], kw.get("block_size", 0), kw["scale"],
-        kw["sparse_mode"], kw["pre_tokens"], kw["next_tokens"], 0, 0, defer)
+        kw["sparse_mode"], kw["pre_tokens"], kw["next_tokens"], 0, 0, defer, mask)
 
 
 _BANDS = {0: [(INT_MAX, INT_MAX), (2, 1), (0, 0), (-1, 3)], 2: [(INT_MAX, INT_MAX)],
@@ -115,6 +116,82 @@ def test_op_against_an_independent_loop():
                     keep = [j for j in range(skv)
                             if i < sq and j <= diag + (0 if mode == 3 else nxt)
                             and (mode == 3 or j >= diag - pre)]
+                    if not keep:
+                        assert torch.equal(got[b, i, h], torch.zeros(D))
+                        continue
+                    kk, vv = ks[b, keep, h // (N // NKV)], vs[b, keep, h // (N // NKV)]
+                    p = torch.softmax(kk.double() @ qs[b, i, h].double() * 0.17, dim=0)
+                    torch.testing.assert_close(got[b, i, h].double(), p @ vv.double(),
+                                               atol=1e-5, rtol=1e-5)
+
+
+def _mask(shape, dtype, seed, dropped=()):
+    """A random atten_mask (about a third of the positions masked) of ``shape``; the KV positions
+    in ``dropped`` masked in every row."""
+    m = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < 0.35
+    if dropped:
+        m[..., list(dropped)] = True
+    return m.to(dtype) if dtype != torch.bool else m
+
+
+# the head-independent mask shapes FIA takes for a prompt (S_q > 1) call
+_MASK_SHAPES = {"SqS": (SQ, S), "BSqS": (B, SQ, S), "1SqS": (1, SQ, S), "B1SqS": (B, 1, SQ, S),
+                "11SqS": (1, 1, SQ, S), "B11S": (B, 1, 1, S), "B1S": (B, 1, S)}
+
+
+@pytest.mark.parametrize("shape", list(_MASK_SHAPES), ids=list(_MASK_SHAPES))
+@pytest.mark.parametrize("layout,paged_cache", [("BSH", False), ("BNSD", True)])
+def test_op_with_a_mask_matches_eager_fia(shape, layout, paged_cache):
+    """Modes 0 (with and without a band) and 1 with a mask that does not vary over heads, bool /
+    uint8 / int8, float32 and bfloat16. The positions every row masks hold NaN in K and V; rows
+    the mask drops entirely give zeros, as eager."""
+    dropped = (7, 8, 30)
+    checked = 0
+    for dtype, mdtype in ((torch.float32, torch.bool), (torch.bfloat16, torch.uint8),
+                          (torch.float32, torch.int8)):
+        q, k, v, table = _case(layout, False, dtype, [S, S])
+        if layout == "BNSD":
+            q4, kk, vv = q, k.transpose(1, 2).clone(), v.transpose(1, 2).clone()
+        else:
+            q4, kk, vv = q, k.view(B, S, NKV, D).clone(), v.view(B, S, NKV, D).clone()
+        kk[:, list(dropped)] = float("nan")
+        vv[:, list(dropped)] = float("nan")
+        if paged_cache:
+            table = block_table(B, S, BS, torch.Generator().manual_seed(5))
+            k, v = _paged(kk, layout, table), _paged(vv, layout, table)
+        else:
+            k, v = _to_layout(kk, layout), _to_layout(vv, layout)
+        mask = _mask(_MASK_SHAPES[shape], mdtype, seed=checked, dropped=dropped)
+        if shape == "SqS":
+            mask[1] = True  # query row 1 attends to nothing: zeros
+        for mode, pre, nxt in ((0, INT_MAX, INT_MAX), (0, 3, 1), (1, INT_MAX, INT_MAX)):
+            for q_lens, kv_lens in (([5, 3], [48, 20]), ([2, 5], [31, 60])):
+                kw = _kwargs(layout, table, mode, pre, nxt, q_lens, kv_lens)
+                kw["atten_mask"] = mask
+                want = FIA_TWIN(q4, k, v, **kw)[0]
+                got = _op(q4, k, v, kw, mask=mask)
+                assert not got.isnan().any(), (shape, mode, pre, nxt)
+                tol = 1e-5 if dtype == torch.float32 else 1e-2
+                torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol,
+                                           msg=lambda m: f"{mode} {pre} {nxt} {q_lens}: {m}")
+                checked += 1
+    assert checked == 3 * 3 * 2
+
+
+def test_op_with_a_mask_against_an_independent_loop():
+    """Mode 1 (the mask alone) and mode 0 with a band, against a per-token loop over plain
+    softmax in float64 (BSH, a [B, S_q, S] mask)."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [48, 20])
+    mask = _mask((B, SQ, S), torch.bool, seed=11)
+    qs, ks, vs = q.view(B, SQ, N, D), k.view(B, S, NKV, D), v.view(B, S, NKV, D)
+    for mode, pre, nxt in ((1, INT_MAX, INT_MAX), (0, 2, 4)):
+        kw = _kwargs("BSH", None, mode, pre, nxt, [5, 3], [48, 20])
+        got = _op(q, k, v, kw, mask=mask).view(B, SQ, N, D)
+        for b, (sq, skv) in enumerate(((5, 48), (3, 20))):
+            for i in range(SQ):
+                keep = [j for j in range(skv) if i < sq and not mask[b, i, j]
+                        and (mode == 1 or i - pre <= j <= i + nxt)]
+                for h in range(N):
                     if not keep:
                         assert torch.equal(got[b, i, h], torch.zeros(D))
                         continue
@@ -190,10 +267,58 @@ def test_prefill_unit_binds_the_launch_kernel(paged_cache, run_eagerly):
                                    atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("case", ["lse", "mode0-mask"])
+class _MaskedPrefill(torch.nn.Module):
+    """A prefill whose atten_mask is a call argument (a graph input of the unit)."""
+
+    def __init__(self, mode):
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, q, k, v, mask, q_lens, kv_lens):
+        out = FIA(q, k, v, num_heads=N, num_key_value_heads=NKV, input_layout="BSH", scale=0.17,
+                  sparse_mode=self.mode, atten_mask=mask, actual_seq_lengths=q_lens,
+                  actual_seq_lengths_kv=kv_lens)[0]
+        return out * 2
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("run_eagerly", [True, pytest.param(False, marks=pytest.mark.inductor)],
+                         ids=["fx", "inductor"])
+def test_prefill_unit_with_a_mask_binds_the_launch_kernel(mode, run_eagerly):
+    """The mask's values change from call to call (same shape): each call uses its own (no value
+    is baked into the unit), with NaN in K/V at the positions every row masks."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    kk, vv = k.view(B, S, NKV, D), v.view(B, S, NKV, D)
+    kk[:, 9] = vv[:, 9] = float("nan")
+    masks = [_mask((SQ, S), torch.bool, seed=s, dropped=(9,)) for s in range(3)]
+    module = _MaskedPrefill(mode)
+    compiled = _compile(module, (q, k, v, masks[0]), run_eagerly)
+    with torch.no_grad():
+        results = []
+        for mask, (q_lens, kv_lens) in zip(masks, (([5, 3], [40, 17]), ([4, 5], [41, 18]),
+                                                   ([5, 5], [48, 30]))):
+            got = compiled(q, k, v, mask, q_lens, kv_lens)
+            torch.testing.assert_close(got, module(q, k, v, mask, q_lens, kv_lens),
+                                       atol=1e-5, rtol=1e-5)
+            assert not got.isnan().any()
+            results.append(got)
+        # same lengths, another mask: another result (the unit reads the mask it is given)
+        other = compiled(q, k, v, masks[1], [5, 3], [40, 17])
+        assert not torch.allclose(other, results[0])
+        torch.testing.assert_close(other, module(q, k, v, masks[1], [5, 3], [40, 17]),
+                                   atol=1e-5, rtol=1e-5)
+        report = torchair.graph_reports()[-1]
+        assert report.path == 4 and report.launch_kernels == 1, str(report)
+        assert _op_calls(compiled, q, k, v, masks[0], [5, 3], [40, 17]) == {
+            "torchair_native::fia_prompt"}
+        text = _same_error(module, compiled, q, k, v, masks[0], [5, 3], [40, -2])
+        assert "actual_seq_lengths_kv[1]=-2" in text
+
+
+@pytest.mark.parametrize("case", ["lse", "per-head-mask"])
 def test_calls_the_kernel_does_not_compute_stay_fia(case):
     q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
-    mask = torch.rand(SQ, S, generator=torch.Generator().manual_seed(3)) < 0.3
+    mask = torch.rand(B, N, SQ, S, generator=torch.Generator().manual_seed(3)) < 0.3
     module = (_Prefill(lse=True) if case == "lse" else _Prefill(mode=0, mask=mask))
     compiled = _compile(module, (q, k, v), True)
     with torch.no_grad():
@@ -437,3 +562,19 @@ def test_a_specialized_length_list_beside_a_symbolic_one():
                                        module(q, k, v, [1, 1], kv_lens, None),
                                        atol=1e-5, rtol=1e-5)
     assert torchair.graph_reports()[-1].launch_kernels == 1
+
+
+@pytest.mark.inductor
+def test_units_name_the_kernels_schema_in_inductors_code():
+    """A unit's launch-kernel call carries a number naming the op's schema (launch._abi), so
+    Inductor's cache key changes with the schema: code it cached for another argument count is
+    never found again (the dispatcher would read past its arguments: a crash)."""
+    from torch._inductor.utils import run_and_get_code
+
+    q, k, v, table = _case("BSH", False, torch.float32, [S, S])
+    compiled = _compile(_Prefill(), (q, k, v, table), False)
+    with torch.no_grad():
+        _, codes = run_and_get_code(lambda: compiled(q, k, v, [5, 3], [40, 17], table))
+    abi = _launch._abi(_launch.fia_prompt())
+    assert abi != 0 and abi != _launch._abi(_launch.ifa_decode())
+    assert len(codes) == 1 and str(abi) in codes[0]

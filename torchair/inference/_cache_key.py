@@ -32,12 +32,18 @@ def _sha(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@functools.lru_cache(maxsize=1)
-def torchair_source_hash() -> str:
-    """A hash of every source file of the torchair package (editing torchair invalidates)."""
-    root = pathlib.Path(torchair.__file__).resolve().parent
+_SOURCE_SUFFIXES = (".py", ".c", ".cpp", ".h")  # Python, and the kernels built on first use
+
+
+@functools.lru_cache(maxsize=2)
+def torchair_source_hash(root: pathlib.Path | None = None) -> str:
+    """A hash of every source file of the torchair package (``root``: another copy of it), the
+    C/C++ kernels' included (editing torchair invalidates; an entry's library calls the launch
+    kernels by their schema)."""
+    root = root or pathlib.Path(torchair.__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES
+                       and p.is_file()):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

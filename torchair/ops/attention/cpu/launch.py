@@ -27,9 +27,10 @@ token, every argument IFA does not have at its default, the lse output unused, F
 validation passing) are bound the same way in units that do not also call IFA, so that
 :func:`checked` can word a deferred error as FIA does (:func:`fia_errors`). Every other FIA call
 the kernel computes exactly as FIA's dense formula (prompt calls with any number of query
-tokens, sparse modes 0 without a mask and 2-4, query lengths; no pse_shift, antiquant, output
-quantization, padding or lse output) is bound to ``torchair_native::fia_prompt``: each query
-token a row of the decode kernel with its own window of KV positions, FIA's value checks and
+tokens, sparse modes 0-4, with an atten_mask in modes 0/1 when it is the same for every head,
+query lengths; no pse_shift, antiquant, output quantization, padding or lse output) is bound to
+``torchair_native::fia_prompt``: each query token a row of the decode kernel with its own window
+of KV positions (and its row of the mask), FIA's value checks and
 error texts in C++ (:func:`_fia_prompt_args`); so are such ``npu_fused_infer_attention_score_v2``
 calls with the output in the query's layout, their errors in v2's names (:func:`_fia_v2_as_v1`).
 
@@ -65,6 +66,7 @@ import signal
 import subprocess
 import sys
 import threading
+import zlib
 from typing import Any
 
 import torch
@@ -394,13 +396,14 @@ def _worded(error: str, as_fia: bool) -> str:
 
 def _ifa_decode_fake(query, key, value, actual_seq_lengths, ends, block_table, num_heads,
                      num_key_value_heads, layout, block_size, scale_value, defer_errors=False,
-                     host_lengths=False):
+                     host_lengths=False, abi=0):
     return query.new_empty(query.shape)  # contiguous, as the kernel's (and its fallback's) result
 
 
 def _fia_prompt_fake(query, key, value, actual_seq_lengths, actual_seq_lengths_kv, block_table,
                      num_heads, num_key_value_heads, layout, block_size, scale, sparse_mode,
-                     pre_tokens, next_tokens, host_lengths=0, wording=0, defer_errors=False):
+                     pre_tokens, next_tokens, host_lengths=0, wording=0, defer_errors=False,
+                     atten_mask=None, abi=0):
     return query.new_empty(query.shape)  # contiguous, as the kernel's result
 
 
@@ -415,6 +418,16 @@ def fia_prompt() -> Any:
     :func:`bind_static_unit` binds it (launch_ops.cpp: each query token a row of the decode
     kernel with its own window of KV positions)."""
     return torch.ops.torchair_native.fia_prompt.default
+
+
+def _abi(op: Any) -> int:
+    """A nonzero number naming ``op``'s schema, passed as its last argument in a unit's graph
+    (the kernels ignore it). A default argument drops out of the graph Inductor traces, so a
+    new argument (with its default) would leave the graph, and Inductor's cache key, as they
+    were: the cache would hand back code compiled for the old argument count, which the
+    dispatcher then reads past (a crash). With the schema's number in the graph, another schema
+    is another key."""
+    return zlib.crc32(str(op._schema).encode()) % (2**31 - 1) + 1
 
 
 def _meta(val: Any) -> Any:
@@ -548,10 +561,10 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
     """The ``torchair_native::fia_prompt`` arguments after (query, key, value) for an
     ``npu_fused_infer_attention_score_tensor`` call (or a v2 call: ``kw`` its v1 keyword
     arguments, ``wording`` 1) it computes exactly as the general op (launch_ops.cpp): no
-    pse_shift, antiquant, output quantization, padding or prefixes; an atten_mask only in sparse
-    modes 2-4 (which ignore it); the lse output unused; int64 CPU lengths; FIA's own validation
-    passing for the unit's shapes; shapes the kernel takes. None otherwise (the call stays the
-    general op's)."""
+    pse_shift, antiquant, output quantization, padding or prefixes; an atten_mask of sparse
+    modes 0/1 the same for every head (a CPU tensor; modes 2-4 ignore theirs); the lse output
+    unused; int64 CPU lengths; FIA's own validation passing for the unit's shapes; shapes the
+    kernel takes. None otherwise (the call stays the general op's)."""
     from torchair.ops.attention import fia_checks as _fia_checks
     from torchair.ops.attention import fused_infer_attention_score as _fia
 
@@ -564,8 +577,14 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
         if isinstance(kw.get(name), fx.Node):
             return None  # a symbolic option: not a fixed call
     mode = kw.get("sparse_mode", 0)
-    if mode not in (0, 2, 3, 4) or (mode == 0 and kw.get("atten_mask") is not None):
+    if mode not in (0, 1, 2, 3, 4):
         return None
+    mask = kw.get("atten_mask") if mode <= 1 else None
+    if mask is not None:
+        val = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+        if not (isinstance(val, torch.Tensor) and val.device.type == "cpu"
+                and (val.dim() != 4 or val.shape[1] == 1)):
+            return None  # a per-head mask (or no traced tensor): the general op's
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in node.args]
     if not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
         return None
@@ -611,7 +630,8 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
             dims.num_heads, dims.num_kv_heads, LAYOUTS[plan.ifa.layout],
             kw.get("block_size", 0), float(kw.get("scale", 1.0)), int(mode),
             int(kw.get("pre_tokens", _fia._DEFAULTS["pre_tokens"])),
-            int(kw.get("next_tokens", _fia._DEFAULTS["next_tokens"])), host, wording, True)
+            int(kw.get("next_tokens", _fia._DEFAULTS["next_tokens"])), host, wording, True,
+            mask)
 
 
 def _kernel_takes(plan: Any, query, key, value, table) -> bool:
@@ -665,9 +685,9 @@ def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
                                   LAYOUTS[kw.get("input_layout", "BSH")], kw.get("block_size", 0),
                                   float(kw.get("scale_value", 1.0)),
                                   True,  # defer_errors: see checked()
-                                  _host_list(kw.get("actual_seq_lengths"))))
+                                  _host_list(kw.get("actual_seq_lengths")), _abi(ifa_decode())))
              for old, kw in taken + fia]
-    calls += [(old, fia_prompt(), tuple(_copied(a, copies) for a in args))
+    calls += [(old, fia_prompt(), (*(_copied(a, copies) for a in args), _abi(fia_prompt())))
               for old, args in prompt]
     for old, op, rest in calls:
         node = copies[old]

@@ -347,7 +347,8 @@ at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::
                       const std::optional<at::Tensor> &lengths, at::OptionalIntArrayRef ends,
                       const std::optional<at::Tensor> &block_table, int64_t num_heads,
                       int64_t num_key_value_heads, int64_t layout, int64_t block_size,
-                      double scale_value, bool defer_errors, bool host_lengths) {
+                      double scale_value, bool defer_errors, bool host_lengths,
+                      int64_t /*abi: see the schemas*/) {
   try {
     return ifa_decode_impl(query, key, value, lengths, ends, block_table, num_heads,
                            num_key_value_heads, layout, block_size, scale_value, defer_errors,
@@ -362,9 +363,11 @@ at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::
 // FIA prompt calls (S_q >= 1 query tokens) in a static unit: npu_fused_infer_attention_score's
 // dense formula for what the decode kernel can express, every query token (b, i) as a row of its
 // own with one contiguous window of KV positions (its batch's blocks; a dense cache is a paged one
-// whose only block per batch is the whole sequence). Taken: no atten_mask (modes 2-4: accepted and
-// ignored, as the general op does), pse_shift, antiquant, output quantization or padding; the
-// lse output unused (bind_static_unit checks all that once). Positions outside a row's window are
+// whose only block per batch is the whole sequence). An atten_mask of sparse modes 0 and 1 that is
+// the same for every head drops positions inside the window (the kernel's per-row mask: a dropped
+// position's V row is never read); modes 2-4 accept and ignore theirs, as the general op does.
+// Taken: no per-head mask, pse_shift, antiquant, output quantization or padding; the lse output
+// unused (bind_static_unit checks all that once). Positions outside a row's window are
 // never read, so NaN/inf stored there cannot reach the result. The per-call value checks are the
 // general op's, in its order and with its texts: actual_seq_lengths_kv >= 0 (and, when the KV
 // lengths were a host list and the cache is paged, the block table's width and the cache's block
@@ -412,6 +415,25 @@ std::vector<int64_t> fia_lengths(const std::optional<at::Tensor> &lengths, int64
   return out;
 }
 
+// The atten_mask of sparse modes 0/1 as one row of S bytes per query token (b, i), [B * S_q, S]
+// (nonzero = masked out): 2-D [S_q, S] (S_q > 1) or [B|1, S] (S_q == 1), 3-D [B|1, S_q|1, S],
+// 4-D [B|1, 1, S_q|1, S] (what bind_static_unit binds). Copied only when it broadcasts, is
+// strided or is wider than a byte.
+at::Tensor fia_mask_rows(const at::Tensor &mask, int64_t B, int64_t Sq, int64_t S) {
+  at::Tensor m = mask;
+  if (m.dim() == 2) m = Sq > 1 ? m.unsqueeze(0) : m.unsqueeze(1);
+  else if (m.dim() == 4) {
+    TORCH_CHECK(m.size(1) == 1, "torchair_native::fia_prompt: a per-head atten_mask is not bound");
+    m = m.select(1, 0);
+  }
+  TORCH_CHECK(m.dim() == 3 && m.size(2) == S && m.device().is_cpu(),
+              "torchair_native::fia_prompt: the atten_mask does not have the shape the unit was "
+              "bound for");
+  const auto t = m.scalar_type();
+  if (t != at::kBool && t != at::kByte && t != at::kChar) m = m.ne(0);
+  return m.expand({B, Sq, S}).contiguous();
+}
+
 at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
                            const at::Tensor &value, const std::optional<at::Tensor> &q_lengths,
                            const std::optional<at::Tensor> &kv_lengths,
@@ -419,7 +441,7 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
                            int64_t num_key_value_heads, int64_t layout, int64_t block_size,
                            double scale, int64_t sparse_mode, int64_t pre_tokens,
                            int64_t next_tokens, int64_t host_lengths, int64_t wording,
-                           bool defer) {
+                           bool defer, const std::optional<at::Tensor> &atten_mask) {
   const FiaNames names = fia_names(wording);
   Canon c;
   int64_t Sq = 0;
@@ -427,7 +449,7 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
                         block_size, &c, &Sq),
               "torchair_native::fia_prompt: the kernel does not take these shapes (the unit "
               "was bound for others)");
-  TORCH_CHECK(sparse_mode == 0 || (sparse_mode >= 2 && sparse_mode <= 4),
+  TORCH_CHECK(sparse_mode >= 0 && sparse_mode <= 4 && (sparse_mode != 1 || atten_mask),
               "torchair_native::fia_prompt: sparse_mode ", sparse_mode, " is not bound here");
   const int64_t B = c.batch, S = c.kv_len;
   // the general op's order: the KV lengths (with a paged cache and host lengths, the block table
@@ -483,7 +505,8 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
     for (int64_t i = 0; i < std::min(sq, Sq); i++) {
       int64_t l = 0, h = n;
       const int64_t diag = i + n - sq;  // modes 3 and 4: the bottom-right aligned diagonal
-      if (sparse_mode == 0) {
+      if (sparse_mode == 1) {  // allMask: the mask alone
+      } else if (sparse_mode == 0) {
         if (pre_tokens < kIntMax || next_tokens < kIntMax)
           l = std::max<int64_t>(0, i - pre_tokens), h = std::min(n, i + next_tokens + 1);
       } else if (sparse_mode == 2) {
@@ -497,6 +520,8 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
     }
   }
   if (window <= 0) return at::zeros_like(query, at::MemoryFormat::Contiguous);
+  at::Tensor mask_rows;  // modes 0/1: [T, S] bytes the kernel reads at each row's positions
+  if (atten_mask.has_value() && sparse_mode <= 1) mask_rows = fia_mask_rows(*atten_mask, B, Sq, S);
   // the query as [T * N_kv, G, D] float32 (token-major, as BSH / BSND are)
   at::Tensor qf = layout == 1 ? query.transpose(1, 2) : query;
   qf = qf.to(at::kFloat).contiguous();
@@ -511,7 +536,10 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
   int64_t err[3] = {0, 0, 0};
   int rc = g_decode(qf.const_data_ptr<float>(), nullptr, key.const_data_ptr(),
                     value.const_data_ptr(), c.kind, sb, c.sh, c.sp, table_rows.data(), 0, tcols,
-                    bsize, nblocks, lo.data(), hi.data(), nullptr, 0, int(T), int(c.nkv), int(G),
+                    bsize, nblocks, lo.data(), hi.data(),
+                    mask_rows.defined() ? static_cast<const uint8_t *>(mask_rows.const_data_ptr())
+                                        : nullptr,
+                    mask_rows.defined() ? S : 0, int(T), int(c.nkv), int(G),
                     int(D), int(splits), int(threads), base, base + items * G,
                     base + 2 * items * G, out.data_ptr<float>(), base + items * G * (D + 2),
                     float(scale), query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
@@ -528,11 +556,13 @@ at::Tensor fia_prompt(const at::Tensor &query, const at::Tensor &key, const at::
                       const std::optional<at::Tensor> &block_table, int64_t num_heads,
                       int64_t num_key_value_heads, int64_t layout, int64_t block_size,
                       double scale, int64_t sparse_mode, int64_t pre_tokens, int64_t next_tokens,
-                      int64_t host_lengths, int64_t wording, bool defer_errors) {
+                      int64_t host_lengths, int64_t wording, bool defer_errors,
+                      const std::optional<at::Tensor> &atten_mask, int64_t /*abi*/) {
   try {
     return fia_prompt_impl(query, key, value, q_lengths, kv_lengths, block_table, num_heads,
                            num_key_value_heads, layout, block_size, scale, sparse_mode,
-                           pre_tokens, next_tokens, host_lengths, wording, defer_errors);
+                           pre_tokens, next_tokens, host_lengths, wording, defer_errors,
+                           atten_mask);
   } catch (const Deferred &) {
     return at::zeros_like(query, at::MemoryFormat::Contiguous);
   }
@@ -720,25 +750,30 @@ void torchair_launch_clear(void) {
   g_sig_epoch++;
 }
 
-// Registers torchair_native::ifa_decode; with npu_entry, also the eager entry as the CPU kernel
+// Registers torchair_native::ifa_decode and ::fia_prompt; with npu_entry, also the eager entry as the CPU kernel
 // of npu::npu_incre_flash_attention[_tensor] (only when torchair defined those ops, and after
 // the loader defined torchair_native::ifa_general[_tensor]).
 int torchair_launch_register(int npu_entry, char *err, int err_size) {
   if (g_def) return 0;
   try {
+    // `abi`: the units' calls pass a number naming the schema (launch.py: _abi; the kernels
+    // ignore it). It makes a unit's graph, and so Inductor's cache key for it, change with the
+    // schema: code Inductor compiled and cached for another schema (another argument count)
+    // would otherwise be found again and called with the wrong arguments.
     auto def = std::make_unique<torch::Library>(torch::Library::DEF, "torchair_native",
                                                 std::nullopt, __FILE__, __LINE__);
     def->def("ifa_decode(Tensor query, Tensor key, Tensor value, Tensor? actual_seq_lengths, "
              "int[]? ends, Tensor? block_table, int num_heads, int num_key_value_heads, "
              "int layout, int block_size, float scale_value, bool defer_errors=False, "
-             "bool host_lengths=False) -> Tensor");
+             "bool host_lengths=False, int abi=0) -> Tensor");
     auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, "torchair_native",
                                                  c10::DispatchKey::CPU, __FILE__, __LINE__);
     def->def("fia_prompt(Tensor query, Tensor key, Tensor value, Tensor? actual_seq_lengths, "
              "Tensor? actual_seq_lengths_kv, Tensor? block_table, int num_heads, "
              "int num_key_value_heads, int layout, int block_size, float scale, "
              "int sparse_mode, int pre_tokens, int next_tokens, int host_lengths=0, "
-             "int wording=0, bool defer_errors=False) -> Tensor");
+             "int wording=0, bool defer_errors=False, Tensor? atten_mask=None, "
+             "int abi=0) -> Tensor");
     impl->impl("ifa_decode", &ifa_decode);
     impl->impl("fia_prompt", &fia_prompt);
     std::unique_ptr<torch::Library> npu;
