@@ -178,6 +178,43 @@ def test_op_with_a_mask_matches_eager_fia(shape, layout, paged_cache):
     assert checked == 3 * 3 * 2
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(8, 8), (8, 1), (16, 1), (6, 2)],
+                         ids=["G1", "G8", "G16", "G3"])
+@pytest.mark.parametrize("sq", [1, 2, 7, 17, 33])
+def test_token_tiles_match_eager_fia(heads, kv_heads, sq):
+    """Prompt calls fold several query tokens into one kernel row (each token's heads as lanes
+    with the token's own window and mask row): every group size and token count, so that tiles
+    are partial, padded, or a single token, against eager FIA (BSH, dense cache, NaN past each
+    KV length and at positions the mask drops in every row)."""
+    g = torch.Generator().manual_seed(sq * 31 + heads + kv_heads)
+    s_kv, dim = 40, 32
+    q = torch.randn(B, sq, heads * dim, generator=g)
+    k, v = (torch.randn(B, s_kv, kv_heads * dim, generator=g) for _ in range(2))
+    kv_lens, q_lens = [40, 23], [sq, max(sq - 2, 0)]
+    for b, n in enumerate(kv_lens):
+        k[b, n:] = v[b, n:] = float("nan")
+    mask = _mask((sq, s_kv) if sq > 1 else (B, s_kv), torch.bool, seed=sq, dropped=(3,))
+    k_dropped, v_dropped = k.clone(), v.clone()  # for the masked calls: NaN where all rows drop
+    k_dropped[:, 3] = v_dropped[:, 3] = float("nan")
+    for mode, pre, nxt, masked in ((3, INT_MAX, INT_MAX, False), (4, 3, 0, False),
+                                   (0, 2, 5, True), (1, INT_MAX, INT_MAX, True),
+                                   (2, INT_MAX, INT_MAX, False)):
+        kw = dict(num_heads=heads, num_key_value_heads=kv_heads, input_layout="BSH", scale=0.2,
+                  sparse_mode=mode, pre_tokens=pre, next_tokens=nxt,
+                  actual_seq_lengths=torch.tensor(q_lens),
+                  actual_seq_lengths_kv=torch.tensor(kv_lens))
+        kk, vv = (k_dropped, v_dropped) if masked else (k, v)
+        if masked:
+            kw["atten_mask"] = mask
+        want = FIA_TWIN(q, kk, vv, **kw)[0]
+        got = _launch.fia_prompt()(q, kk, vv, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"],
+                                   None, heads, kv_heads, 0, 0, 0.2, mode, pre, nxt, 0, 0, False,
+                                   mask if masked else None)
+        assert got.is_contiguous() and got.shape == want.shape
+        assert not got.isnan().any(), mode
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"{mode}: {m}")
+
+
 def test_op_with_a_mask_against_an_independent_loop():
     """Mode 1 (the mask alone) and mode 0 with a band, against a per-token loop over plain
     softmax in float64 (BSH, a [B, S_q, S] mask)."""
