@@ -215,6 +215,20 @@ def test_token_tiles_match_eager_fia(heads, kv_heads, sq):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"{mode}: {m}")
 
 
+@pytest.mark.parametrize("bad", ["float", "batch", "rows", "last", "per-head"])
+def test_the_op_refuses_a_mask_no_unit_binds(bad):
+    """Called directly with a mask bind_static_unit never passes (its FIA checks keep such calls
+    on the general op, which raises eager's error), the op raises rather than guess."""
+    q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
+    kw = _kwargs("BSH", None, 0, INT_MAX, INT_MAX, [5, 3], [48, 20])
+    mask = {"float": torch.zeros(B, SQ, S), "batch": torch.zeros(B + 1, SQ, S, dtype=torch.bool),
+            "rows": torch.zeros(B, SQ - 1, S, dtype=torch.bool),
+            "last": torch.zeros(B, SQ, S + 1, dtype=torch.bool),
+            "per-head": torch.zeros(B, N, SQ, S, dtype=torch.bool)}[bad]
+    with pytest.raises(RuntimeError, match="torchair_native::fia_prompt: .*atten_mask"):
+        _op(q, k, v, kw, mask=mask)
+
+
 def test_op_with_a_mask_against_an_independent_loop():
     """Mode 1 (the mask alone) and mode 0 with a band, against a per-token loop over plain
     softmax in float64 (BSH, a [B, S_q, S] mask)."""

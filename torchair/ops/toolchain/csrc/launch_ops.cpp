@@ -430,8 +430,8 @@ std::vector<int64_t> fia_lengths(const std::optional<at::Tensor> &lengths, int64
 
 // The atten_mask of sparse modes 0/1 as one row of S bytes per query token (b, i), [B * S_q, S]
 // (nonzero = masked out): 2-D [S_q, S] (S_q > 1) or [B|1, S] (S_q == 1), 3-D [B|1, S_q|1, S],
-// 4-D [B|1, 1, S_q|1, S] (what bind_static_unit binds). Copied only when it broadcasts, is
-// strided or is wider than a byte.
+// 4-D [B|1, 1, S_q|1, S] (what bind_static_unit binds), bool / uint8 / int8. Copied only when it
+// broadcasts or is strided.
 at::Tensor fia_mask_rows(const at::Tensor &mask, int64_t B, int64_t Sq, int64_t S) {
   at::Tensor m = mask;
   if (m.dim() == 2) m = Sq > 1 ? m.unsqueeze(0) : m.unsqueeze(1);
@@ -439,12 +439,14 @@ at::Tensor fia_mask_rows(const at::Tensor &mask, int64_t B, int64_t Sq, int64_t 
     TORCH_CHECK(m.size(1) == 1, "torchair_native::fia_prompt: a per-head atten_mask is not bound");
     m = m.select(1, 0);
   }
-  TORCH_CHECK(m.dim() == 3 && m.size(2) == S && m.device().is_cpu(),
-              "torchair_native::fia_prompt: the atten_mask does not have the shape the unit was "
-              "bound for");
   const auto t = m.scalar_type();
-  if (t != at::kBool && t != at::kByte && t != at::kChar) m = m.ne(0);
-  return m.expand({B, Sq, S}).contiguous();
+  TORCH_CHECK(m.dim() == 3 && (m.size(0) == 1 || m.size(0) == B) &&
+                  (m.size(1) == 1 || m.size(1) == Sq) && m.size(2) == S && m.device().is_cpu() &&
+                  (t == at::kBool || t == at::kByte || t == at::kChar),
+              "torchair_native::fia_prompt: the atten_mask is not one the unit was bound for "
+              "(bool, uint8 or int8 on the CPU, broadcasting to [B, S_q, S_kv] = [", B, ", ",
+              Sq, ", ", S, "])");
+  return m.expand({B, Sq, S}).contiguous();  // bytes: nonzero = masked out
 }
 
 // Query tokens per row of the prompt kernel: enough that a row holds at least 16 query vectors
