@@ -181,11 +181,10 @@ def test_op_with_a_mask_matches_eager_fia(shape, layout, paged_cache):
 @pytest.mark.parametrize("heads,kv_heads", [(8, 8), (8, 1), (16, 1), (6, 2)],
                          ids=["G1", "G8", "G16", "G3"])
 @pytest.mark.parametrize("sq", [1, 2, 7, 17, 33])
-def test_token_tiles_match_eager_fia(heads, kv_heads, sq):
-    """Prompt calls fold several query tokens into one kernel row (each token's heads as lanes
-    with the token's own window and mask row): every group size and token count, so that tiles
-    are partial, padded, or a single token, against eager FIA (BSH, dense cache, NaN past each
-    KV length and at positions the mask drops in every row)."""
+def test_group_sizes_and_token_counts_match_eager_fia(heads, kv_heads, sq):
+    """Query heads per kv head from 1 to 16 and 1 to 33 query tokens, every sparse mode (masks
+    in modes 0/1), against eager FIA (BSH, dense cache, NaN past each KV length and, for the
+    masked calls, at a position the mask drops in every row)."""
     g = torch.Generator().manual_seed(sq * 31 + heads + kv_heads)
     s_kv, dim = 40, 32
     q = torch.randn(B, sq, heads * dim, generator=g)

@@ -81,8 +81,7 @@ __all__ = ["LAYOUTS", "available", "bind_static_unit", "checked", "ifa_decode", 
            "pending", "raise_pending"]
 
 LAYOUTS = {"BSH": 0, "BNSD": 1, "BSND": 2}
-_SYMBOLS = ("torchair_launch_set_decode", "torchair_launch_set_decode_lanes",
-            "torchair_launch_register",
+_SYMBOLS = ("torchair_launch_set_decode", "torchair_launch_register",
             "torchair_launch_take_error", "torchair_launch_set_eager", "torchair_launch_clear",
             "torchair_launch_pending")
 # keyword arguments of npu_incre_flash_attention_tensor that the launch kernel takes
@@ -123,8 +122,6 @@ def _load_now() -> bool:
         return False
     lib.torchair_launch_set_decode.argtypes = [ctypes.c_void_p]
     lib.torchair_launch_set_decode(ctypes.cast(_decode_native.kernel(), ctypes.c_void_p))
-    lib.torchair_launch_set_decode_lanes.argtypes = [ctypes.c_void_p]
-    lib.torchair_launch_set_decode_lanes(_decode_native.lanes_kernel())
     from torchair.ops import _registry
 
     npu_entry = all(_registry.defined_here(name) for name in _IFA_OPS)

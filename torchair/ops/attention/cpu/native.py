@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any
 
 import torch
 
@@ -30,8 +29,7 @@ _SERIAL_WORK = 1024         # rows x positions under which one thread is used
 
 
 # every function of the library called here: a library lacking one is rebuilt or refused by load
-_SYMBOLS = ("torchair_decode_attention", "torchair_decode_attention_lanes",
-            "torchair_decode_attention_bf16_dot")
+_SYMBOLS = ("torchair_decode_attention", "torchair_decode_attention_bf16_dot")
 
 
 def _library():
@@ -54,14 +52,6 @@ def _function():
                    i, i, i, i, i, i, p, p, p, p, p, ctypes.c_float, i, p]
     fn.restype = ctypes.c_int
     return fn
-
-
-def lanes_kernel() -> Any:
-    """The address of ``torchair_decode_attention_lanes`` (the kernel with a window and mask row
-    per query vector, for launch_ops.cpp's prompt attention), or None."""
-    lib = _library() if _function() is not None else None
-    return None if lib is None else ctypes.cast(lib.torchair_decode_attention_lanes,
-                                                ctypes.c_void_p)
 
 
 def bf16_dot() -> bool:

@@ -15,12 +15,6 @@
  * (converted to float32 in registers). Positions are addressed densely (base + b*sb + h*sh +
  * p*sp) or through a block table (base + table[b][p/bs]*sblk + h*sh + (p%bs)*sp); the head
  * dimension must be contiguous and a multiple of 16.
- *
- * Lanes (torchair_decode_attention_lanes): the G query vectors of a row may have windows and
- * mask rows of their own (several query tokens of one sequence folded into one row, as prompt
- * attention does to read each K and V row once for all of them). The row's window is then the
- * union of its lanes'; a lane's scores outside its own window or masked by its own mask row are
- * dropped, and V rows that every lane drops are never read.
  */
 #include <stdint.h>
 #include <string.h>
@@ -139,11 +133,8 @@ typedef struct {
     const int32_t *table32;  /* ... or int32 (torch_npu's block_table dtype); both NULL: dense */
     int64_t table_stride, block_size;
     const int64_t *lo, *hi;  /* [B] attended window */
-    const uint8_t *mask;     /* [B, mask_stride] 1 = masked out, or NULL (lanes: mask rows) */
+    const uint8_t *mask;     /* [B, mask_stride] 1 = masked out, or NULL */
     int64_t mask_stride;
-    /* lanes: [B, G] window and mask row (index into mask, -1: none) of every query vector, or
-     * NULL (every vector of a row has the row's window and mask row) */
-    const int64_t *lane_lo, *lane_hi, *lane_mrow;
     int rows, nkv, G, D, splits;
     float *part_m, *part_l, *part_acc; /* [rows * splits, G (, D)] partial results */
 } args_t;
@@ -324,30 +315,13 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
             qb[i] = (uint16_t)(u >> 16);
         }
 #endif
-    const int64_t *llo = a->lane_lo ? a->lane_lo + (int64_t)b * G : NULL;
-    const int64_t *lhi = llo ? a->lane_hi + (int64_t)b * G : NULL;
-    const int64_t *lmr = llo && a->lane_mrow ? a->lane_mrow + (int64_t)b * G : NULL;
-    uint8_t every[CH];  /* lanes: 1 where every lane drops the position */
     for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; }
     memset(acc, 0, sizeof(float) * G * D);
     for (int64_t c0 = p0; c0 < p1; c0 += CH) {
         int w = (int)(p1 - c0 < CH ? p1 - c0 : CH);
-        const uint8_t *drop = a->mask && !llo ? a->mask + b * a->mask_stride + c0 : NULL;
+        const uint8_t *drop = a->mask ? a->mask + b * a->mask_stride + c0 : NULL;
         int kept = w;
         if (drop) { kept = 0; for (int n = 0; n < w; n++) kept += !drop[n]; }
-        if (llo) {
-            memset(every, 1, (size_t)w);
-            for (int g = 0; g < G; g++) {
-                int64_t n0 = llo[g] - c0, n1 = lhi[g] - c0;
-                if (n0 < 0) n0 = 0;
-                if (n1 > w) n1 = w;
-                const uint8_t *mr = lmr && lmr[g] >= 0 ? a->mask + lmr[g] * a->mask_stride + c0 : NULL;
-                for (int64_t n = n0; n < n1; n++) every[n] &= mr ? mr[n] != 0 : 0;
-            }
-            kept = 0;
-            for (int n = 0; n < w; n++) kept += !every[n];
-            drop = every;
-        }
         if (!kept) continue;
 #if HAVE_BF16_DOT
         if (use_dot)
@@ -362,18 +336,9 @@ static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, flo
             for (int n = 0; n < w; n++)
                 s[n] = (drop && drop[n]) ? -FLT_MAX : (s[n] + bias) * a->scale;
             for (int n = w; n < wp; n++) s[n] = -FLT_MAX;
-            if (llo) {  /* this lane's own window and mask row */
-                const uint8_t *mr = lmr && lmr[g] >= 0 ? a->mask + lmr[g] * a->mask_stride + c0 : NULL;
-                for (int n = 0; n < w; n++)
-                    if (c0 + n < llo[g] || c0 + n >= lhi[g] || (mr && mr[n])) s[n] = -FLT_MAX;
-            }
             v16 vm = (v16){0} - FLT_MAX;
             for (int n = 0; n < wp; n += VW) { v16 x = *(v16 *)(s + n); vm = vmax(x, vm); }
             float mx = hmax(vm);
-            if (llo && mx == -FLT_MAX) {  /* the lane keeps nothing here: no weight, no update */
-                memset(s, 0, sizeof(float) * (size_t)wp);
-                continue;
-            }
             float m_new = mx > m[g] ? mx : m[g];
             v16 sub = (v16){0} + m_new, vs = (v16){0};
             for (int n = 0; n < wp; n += VW) {
@@ -427,9 +392,6 @@ static int check_blocks(const args_t *a, int batch, int64_t num_blocks, int64_t 
     return 0;
 }
 
-static int run_all(args_t *a, int batch, int64_t num_blocks, int nthreads, float *out,
-                   float *out_l, int64_t *err);
-
 /* Returns 0; -1 when the shapes are outside what this kernel takes (the caller falls back); -2
  * when a block id is bad (err = {b, c, id}, nothing computed). table_i32: table holds int32. */
 int torchair_decode_attention(const float *q, const float *bias, const void *k, const void *v,
@@ -447,45 +409,8 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
     args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh,
                 sp, table && !table_i32 ? (const int64_t *)table : NULL,
                 table && table_i32 ? (const int32_t *)table : NULL, table_stride, block_size, lo,
-                hi, mask, mask_stride, NULL, NULL, NULL, batch * nkv, nkv, G, D, splits, part_m,
-                part_l, part_acc};
-    return run_all(&a, batch, num_blocks, nthreads, out, out_l, err);
-}
-
-/* torchair_decode_attention with lanes (file doc): lane_lo / lane_hi [batch, G] the window of
- * every query vector (lo / hi must be the union of each row's lanes), lane_mrow [batch, G] its
- * row of mask (-1: none), or NULL. */
-int torchair_decode_attention_lanes(const float *q, const float *bias, const void *k,
-                                    const void *v, int kind, int64_t sb, int64_t sh, int64_t sp,
-                                    const void *table, int table_i32, int64_t table_stride,
-                                    int64_t block_size, int64_t num_blocks,
-                                    const int64_t *lo, const int64_t *hi,
-                                    const uint8_t *mask, int64_t mask_stride,
-                                    const int64_t *lane_lo, const int64_t *lane_hi,
-                                    const int64_t *lane_mrow,
-                                    int batch, int nkv, int G, int D, int splits, int nthreads,
-                                    float *part_m, float *part_l, float *part_acc,
-                                    float *out, float *out_l, float scale, int q_bf16,
-                                    int64_t *err) {
-    static const int esize[4] = {4, 2, 2, 1};
-    if (G < 1 || G > MAX_G || D < 16 || D > MAX_D || D % 16 || kind < 0 || kind > 3 || splits < 1
-        || !lane_lo || !lane_hi || (lane_mrow && !mask))
-        return -1;
-    args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh,
-                sp, table && !table_i32 ? (const int64_t *)table : NULL,
-                table && table_i32 ? (const int32_t *)table : NULL, table_stride, block_size, lo,
-                hi, mask, mask_stride, lane_lo, lane_hi, lane_mrow, batch * nkv, nkv, G, D, splits,
-                part_m, part_l, part_acc};
-    return run_all(&a, batch, num_blocks, nthreads, out, out_l, err);
-}
-
-/* the parallel work items of every row, then the merge of each row's splits */
-static int run_all(args_t *ap, int batch, int64_t num_blocks, int nthreads, float *out,
-                   float *out_l, int64_t *err) {
-    const args_t a = *ap;
-    const int G = a.G, D = a.D, splits = a.splits;
-    float *part_m = a.part_m, *part_l = a.part_l, *part_acc = a.part_acc;
-    if ((a.table || a.table32) && check_blocks(&a, batch, num_blocks, err)) return -2;
+                hi, mask, mask_stride, batch * nkv, nkv, G, D, splits, part_m, part_l, part_acc};
+    if (table && check_blocks(&a, batch, num_blocks, err)) return -2;
     int items = a.rows * splits;
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;

@@ -47,22 +47,11 @@ typedef int (*decode_fn_t)(const float *q, const float *bias, const void *k, con
                            int D, int splits, int nthreads, float *part_m, float *part_l,
                            float *part_acc, float *out, float *out_l, float scale, int q_bf16,
                            int64_t *err);
-// the same with a window and mask row per query vector (decode_attention.c's lanes)
-typedef int (*decode_lanes_fn_t)(const float *q, const float *bias, const void *k, const void *v,
-                                 int kind, int64_t sb, int64_t sh, int64_t sp, const void *table,
-                                 int table_i32, int64_t table_stride, int64_t block_size,
-                                 int64_t num_blocks, const int64_t *lo, const int64_t *hi,
-                                 const uint8_t *mask, int64_t mask_stride, const int64_t *lane_lo,
-                                 const int64_t *lane_hi, const int64_t *lane_mrow, int batch,
-                                 int nkv, int G, int D, int splits, int nthreads, float *part_m,
-                                 float *part_l, float *part_acc, float *out, float *out_l,
-                                 float scale, int q_bf16, int64_t *err);
 }
 
 namespace {
 
 decode_fn_t g_decode = nullptr;
-decode_lanes_fn_t g_decode_lanes = nullptr;
 
 // Deferred errors (defer_errors=True, what static units pass): the first ValueError of a run is
 // kept here instead of thrown, and the call returns zeros; the unit reads it after the run
@@ -372,11 +361,9 @@ at::Tensor ifa_decode(const at::Tensor &query, const at::Tensor &key, const at::
 
 // ---------------------------------------------------------------------------------------------
 // FIA prompt calls (S_q >= 1 query tokens) in a static unit: npu_fused_infer_attention_score's
-// dense formula for what the decode kernel can express, every query token (b, i) with one
-// contiguous window of KV positions (its batch's blocks; a dense cache is a paged one whose only
-// block per batch is the whole sequence). Several tokens of a sequence share a kernel row
-// (prompt_tile: their heads are the row's lanes, each lane with its token's window and mask row),
-// so each K and V row is read once per tile of tokens, not once per token. An atten_mask of sparse modes 0 and 1 that is
+// dense formula for what the decode kernel can express, every query token (b, i) as a row of its
+// own with one contiguous window of KV positions (its batch's blocks; a dense cache is a paged one
+// whose only block per batch is the whole sequence). An atten_mask of sparse modes 0 and 1 that is
 // the same for every head drops positions inside the window (the kernel's per-row mask: a dropped
 // position's V row is never read); modes 2-4 accept and ignore theirs, as the general op does.
 // Taken: no per-head mask, pse_shift, antiquant, output quantization or padding; the lse output
@@ -447,15 +434,6 @@ at::Tensor fia_mask_rows(const at::Tensor &mask, int64_t B, int64_t Sq, int64_t 
               "(bool, uint8 or int8 on the CPU, broadcasting to [B, S_q, S_kv] = [", B, ", ",
               Sq, ", ", S, "])");
   return m.expand({B, Sq, S}).contiguous();  // bytes: nonzero = masked out
-}
-
-// Query tokens per row of the prompt kernel: enough that a row holds at least 16 query vectors
-// (each K and V row is then read once for all of them), at most the kernel's 64; 1 (a row per
-// token) for decode calls, groups of 16 heads or more, or without the lanes kernel.
-int64_t prompt_tile(int64_t Sq, int64_t G) {
-  if (g_decode_lanes == nullptr || Sq < 2 || G >= 16) return 1;
-  const int64_t t = std::min({(16 + G - 1) / G, 64 / G, Sq});
-  return t < 2 ? 1 : t;
 }
 
 at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
@@ -546,89 +524,30 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
   if (window <= 0) return at::zeros_like(query, at::MemoryFormat::Contiguous);
   at::Tensor mask_rows;  // modes 0/1: [T, S] bytes the kernel reads at each row's positions
   if (atten_mask.has_value() && sparse_mode <= 1) mask_rows = fia_mask_rows(*atten_mask, B, Sq, S);
-  // the query as [B, S_q, N_kv, G, D] float32 (token-major, as BSH / BSND are)
+  // the query as [T * N_kv, G, D] float32 (token-major, as BSH / BSND are)
   at::Tensor qf = layout == 1 ? query.transpose(1, 2) : query;
-  qf = qf.to(at::kFloat).contiguous().view({B, Sq, c.nkv, c.group, c.dim});
-  const int64_t G = c.group, D = c.dim;
-  const int64_t tile = prompt_tile(Sq, G);
-  at::Tensor out;
-  int rc;
+  qf = qf.to(at::kFloat).contiguous();
+  const int64_t rows = T * c.nkv, G = c.group, D = c.dim;
+  int64_t threads, splits;
+  work_split(rows, window, &threads, &splits);
+  const int64_t items = rows * splits;
+  at::Tensor scratch =
+      at::empty({items * G * (D + 2) + rows * G}, query.options().dtype(at::kFloat));
+  at::Tensor out = at::empty(qf.sizes(), query.options().dtype(at::kFloat));
+  float *base = scratch.data_ptr<float>();
   int64_t err[3] = {0, 0, 0};
-  const uint8_t *mask_ptr =
-      mask_rows.defined() ? static_cast<const uint8_t *>(mask_rows.const_data_ptr()) : nullptr;
-  if (tile == 1) {  // one row per query token (and kv head), G query heads each
-    const int64_t rows = T * c.nkv;
-    int64_t threads, splits;
-    work_split(rows, window, &threads, &splits);
-    const int64_t items = rows * splits;
-    at::Tensor scratch =
-        at::empty({items * G * (D + 2) + rows * G}, query.options().dtype(at::kFloat));
-    out = at::empty(qf.sizes(), query.options().dtype(at::kFloat));
-    float *base = scratch.data_ptr<float>();
-    rc = g_decode(qf.const_data_ptr<float>(), nullptr, key.const_data_ptr(),
-                  value.const_data_ptr(), c.kind, sb, c.sh, c.sp, table_rows.data(), 0, tcols,
-                  bsize, nblocks, lo.data(), hi.data(), mask_ptr, mask_ptr ? S : 0, int(T),
-                  int(c.nkv), int(G), int(D), int(splits), int(threads), base,
-                  base + items * G, base + 2 * items * G, out.data_ptr<float>(),
-                  base + items * G * (D + 2), float(scale),
-                  query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
-  } else {
-    // `tile` tokens of a sequence in one row per kv head: its tile * G query vectors (lanes,
-    // token-major) each keep their token's window and mask row, and every K and V row is read
-    // once for all of them; the row's window is the union of its tokens'
-    const int64_t nt = (Sq + tile - 1) / tile, R = B * nt, L = tile * G;
-    std::vector<int64_t> rlo(R, 0), rhi(R, 0), llo(R * L, 0), lhi(R * L, 0);
-    std::vector<int64_t> lmr(mask_ptr ? R * L : 0, -1);
-    std::vector<int64_t> rtable(R * tcols);
-    int64_t rwindow = 0;
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t j = 0; j < nt; j++) {
-        const int64_t r = b * nt + j;
-        std::copy_n(table_rows.begin() + b * Sq * tcols, tcols, rtable.begin() + r * tcols);
-        int64_t ulo = INT64_MAX, uhi = 0;
-        for (int64_t t = 0; t < tile && j * tile + t < Sq; t++) {
-          const int64_t i = b * Sq + j * tile + t;
-          if (hi[i] <= lo[i]) continue;  // attends to nothing: its lanes stay empty
-          ulo = std::min(ulo, lo[i]), uhi = std::max(uhi, hi[i]);
-          for (int64_t g = 0; g < G; g++) {
-            llo[r * L + t * G + g] = lo[i], lhi[r * L + t * G + g] = hi[i];
-            if (mask_ptr) lmr[r * L + t * G + g] = i;
-          }
-        }
-        if (uhi > ulo) rlo[r] = ulo, rhi[r] = uhi, rwindow = std::max(rwindow, uhi - ulo);
-      }
-    // [B, nt * tile, N_kv, G, D] -> [B, nt, N_kv, tile, G, D]: rows (b, j, h), lanes (t, g)
-    at::Tensor qp = qf;
-    if (nt * tile != Sq) {  // padded with zero tokens (their lanes are empty)
-      qp = qf.new_zeros({B, nt * tile, c.nkv, G, D});
-      qp.narrow(1, 0, Sq).copy_(qf);
-    }
-    qp = qp.view({B, nt, tile, c.nkv, G, D}).permute({0, 1, 3, 2, 4, 5}).contiguous();
-    const int64_t rows = R * c.nkv;
-    int64_t threads, splits;
-    work_split(rows, rwindow, &threads, &splits);
-    const int64_t items = rows * splits;
-    at::Tensor scratch =
-        at::empty({items * L * (D + 2) + rows * L}, query.options().dtype(at::kFloat));
-    at::Tensor tiled = at::empty(qp.sizes(), query.options().dtype(at::kFloat));
-    float *base = scratch.data_ptr<float>();
-    rc = g_decode_lanes(qp.const_data_ptr<float>(), nullptr, key.const_data_ptr(),
-                        value.const_data_ptr(), c.kind, sb, c.sh, c.sp, rtable.data(), 0, tcols,
-                        bsize, nblocks, rlo.data(), rhi.data(), mask_ptr, mask_ptr ? S : 0,
-                        llo.data(), lhi.data(), mask_ptr ? lmr.data() : nullptr, int(R),
-                        int(c.nkv), int(L), int(D), int(splits), int(threads), base,
-                        base + items * L, base + 2 * items * L, tiled.data_ptr<float>(),
-                        base + items * L * (D + 2), float(scale),
-                        query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
-    out = tiled.permute({0, 1, 3, 2, 4, 5}).reshape({B, nt * tile, c.nkv, G, D});
-    if (nt * tile != Sq) out = out.narrow(1, 0, Sq);
-  }
+  int rc = g_decode(qf.const_data_ptr<float>(), nullptr, key.const_data_ptr(),
+                    value.const_data_ptr(), c.kind, sb, c.sh, c.sp, table_rows.data(), 0, tcols,
+                    bsize, nblocks, lo.data(), hi.data(),
+                    mask_rows.defined() ? static_cast<const uint8_t *>(mask_rows.const_data_ptr())
+                                        : nullptr,
+                    mask_rows.defined() ? S : 0, int(T), int(c.nkv), int(G),
+                    int(D), int(splits), int(threads), base, base + items * G,
+                    base + 2 * items * G, out.data_ptr<float>(), base + items * G * (D + 2),
+                    float(scale), query.scalar_type() == at::kBFloat16 ? 1 : 0, err);
   TORCH_CHECK(rc == 0, "torchair_native::fia_prompt: the native kernel refused its arguments (",
               rc, ")");
-  // [B, S_q, H] (BSH), [B, S_q, N, D] (BSND; BNSD transposed back)
-  out = layout == 0 ? out.reshape({B, Sq, c.nkv * G * D}) : out.reshape({B, Sq, c.nkv * G, D});
-  if (layout == 1) out = out.transpose(1, 2);
-  out = out.contiguous();  // as the fake kernel says (a narrowed tiled result is not)
+  if (layout == 1) out = out.transpose(1, 2).contiguous();
   if (query.scalar_type() != at::kFloat) out = out.to(query.scalar_type());
   return out;
 }
@@ -811,10 +730,6 @@ std::unique_ptr<torch::Library> g_def, g_impl;
 extern "C" {
 // The native decode kernel (torchair_decode_attention of decode_attention.c's library).
 void torchair_launch_set_decode(void *fn) { g_decode = reinterpret_cast<decode_fn_t>(fn); }
-// ... and its lanes variant (torchair_decode_attention_lanes), for prompt calls' token tiles.
-void torchair_launch_set_decode_lanes(void *fn) {
-  g_decode_lanes = reinterpret_cast<decode_lanes_fn_t>(fn);
-}
 
 // The error a deferred call kept in this thread (copied into buf, NUL-terminated), cleared:
 // returns its length, 0 when there is none.
