@@ -539,7 +539,9 @@ def test_cold_process_later_calls_skip_dynamo_and_follow_a_changed_eps(tmp_path,
         with torch.no_grad():
             want = model.decode(x, [4, 6])
         assert _equal(got, want), eps
-    number = next(iter(model.cached_decode.runtime.wrap.values()))
+    group = model.cached_decode.runtime.wrap
+    number = group.items[0][1]
+    assert group.last[1][0] is number.last[1]  # the tensor the last calls reused
     number.last[1].fill_(123.0)  # someone wrote into the reused tensor: it is made again
     got = _run(model, x, [4, 6])
     with torch.no_grad():
@@ -570,6 +572,46 @@ def test_reused_number_tensor_is_made_again_when_the_number_changes():
     assert number(tensor) is tensor
     handed_back = _NumberInput("float64", reuse=False)
     assert handed_back(1.5) is not handed_back(1.5)
+
+
+def test_the_number_inputs_reuse_their_tensors_only_for_the_same_objects():
+    """All of an entry's number inputs at once: the last tensors serve again only when every
+    number is the very object of the last call and no tensor was written into; a new object
+    (another value, -0.0 after 0.0), a write, or a number handed back to the caller goes
+    through each number's own rule."""
+    from torchair.inference._cache_runtime import _NumberInput, _NumberInputs
+
+    group = _NumberInputs({1: _NumberInput("float64", reuse=True),
+                           3: _NumberInput("float32", reuse=True)})
+    eps, zero = 1e-6, 0.0
+    flat = ["x", eps, "y", zero]
+    group(flat)
+    first = list(flat)
+    assert first[1].item() == eps and first[3].item() == 0.0 and first[3].dtype == torch.float32
+    again = ["x", eps, "y", zero]
+    group(again)
+    assert again[1] is first[1] and again[3] is first[3] and again[0] == "x"
+    negative = ["x", eps, "y", -0.0]
+    group(negative)
+    assert negative[3] is not first[3] and str(negative[3].item()) == "-0.0"
+    other = ["x", 2e-6, "y", zero]
+    group(other)
+    assert other[1].item() == 2e-6
+    same = ["x", 2e-6, "y", zero]
+    group(same)  # another float object of an equal value: equal tensors, not necessarily reused
+    assert same[1].item() == 2e-6
+    again = ["x", eps, "y", zero]
+    group(again)
+    kept = again[1]
+    kept.fill_(5.0)  # someone wrote into the tensor: made again
+    after = ["x", eps, "y", zero]
+    group(after)
+    assert after[1] is not kept and after[1].item() == eps
+    handed = _NumberInputs({0: _NumberInput("float64", reuse=False)})
+    a, b = [1.5], [1.5]
+    handed(a)
+    handed(b)
+    assert a[0] is not b[0] and handed.last is None
 
 
 def test_unguarded_parameters_are_checked_per_call(tmp_path, log):

@@ -20,7 +20,7 @@ from torchair.inference._cache_io import (NotCacheable, build_output, graph_outp
                                           info_from_json, program_from_graph)
 from torchair.inference._graph_io import graph_from_json
 from torchair.inference._guard_eval import GuardSet, TensorMemo
-from torchair.inference.gears import GearDim, GearTable, get_dim_gears
+from torchair.inference.gears import GearDim, GearTable, any_marked, get_dim_gears
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
@@ -128,6 +128,43 @@ class _NumberInput:
         return tensor
 
 
+class _NumberInputs:
+    """Every :class:`_NumberInput` of an entry, applied to the graph inputs at once. When each
+    number is the very object the last call had (a module attribute such as a norm's ``eps``
+    is the same float object call after call, so the same value and sign) and no one wrote into
+    the tensors made for them, those tensors serve again: one identity and one version test per
+    number instead of a call each, which in a decode loop run with the caches the step's
+    weights evicted. Anything else goes through each :class:`_NumberInput`."""
+
+    __slots__ = ("items", "keys", "last")
+
+    def __init__(self, wraps: dict[int, _NumberInput]) -> None:
+        self.items = tuple(wraps.items())
+        self.keys = tuple(wraps)
+        # (numbers, tensors, versions) of the last call when every tensor may be reused (none
+        # is handed back to the caller); one tuple store, so threads see a whole one
+        self.last: tuple | None = None
+
+    def __call__(self, flat: list) -> None:
+        last = self.last
+        if last is not None:
+            numbers, tensors, versions = last
+            for k, number, tensor, version in zip(self.keys, numbers, tensors, versions):
+                if flat[k] is not number or tensor._version != version:
+                    break
+            else:
+                for k, tensor in zip(self.keys, tensors):
+                    flat[k] = tensor
+                return
+        numbers = tuple(flat[k] for k in self.keys)
+        for k, wrap in self.items:
+            flat[k] = wrap(flat[k])
+        if all(wrap.reuse for _, wrap in self.items) and not any(
+                isinstance(n, torch.Tensor) for n in numbers):
+            tensors = tuple(flat[k] for k in self.keys)
+            self.last = (numbers, tensors, tuple(t._version for t in tensors))
+
+
 def _returned_inputs(aot: dict) -> set:
     """Graph inputs the unit's outputs hand back (themselves or views of them)."""
     return {base for kind, base in aot["outputs"] if kind in ("input", "alias_input")}
@@ -145,8 +182,9 @@ class Runtime:
                                                                   meta.get("writes", [])])
         self.n_inputs = len(meta["sources"])
         returned = _returned_inputs(meta["aot"])
-        self.wrap = {k: _NumberInput(info["dtype"], k not in returned) for k, (wrap, info) in
-                     enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap}
+        self.wrap = _NumberInputs({k: _NumberInput(info["dtype"], k not in returned)
+                                   for k, (wrap, info) in
+                                   enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap})
         self._input_checks = [_InputCheck(info) for info in inputs]
         self.checks = _InputChecks(self._input_checks, self.guards.tensor_inputs(self.n_inputs))
         # the set_dim_gears marks the entry was built with, per tensor input; the first call
@@ -204,12 +242,14 @@ class Runtime:
         why, flat = self._check(frame, globals_)
         if why:
             return why, []
-        for k, wrap in self.wrap.items():
-            flat[k] = wrap(flat[k])
+        if self.wrap.keys:
+            self.wrap(flat)
         why = self.checks.mismatch(flat)
         if why:
             return why, []
         served = self.served  # read once: another thread may finish the first call meanwhile
+        if served and not any_marked():
+            return "", flat  # no tensor has gears: later calls may carry none (below)
         for k, (name, expected) in (self.gears.items() if not served else self.gear_args):
             found = get_dim_gears(flat[k])
             # as Dynamo's guard on the marks: the first call (this process's "trace") carries
