@@ -102,27 +102,37 @@ def test_op_matches_eager_fia(layout, paged_cache, dtype):
     assert checked == 3 * (4 + 1 + 1 + 3)
 
 
+def _assert_loop(got, q, k, v, keep_of):
+    """``got`` (BSH, q/k/v of :func:`_case`, lengths [5, 3] / [48, 20]) against a per-token,
+    per-head loop over plain softmax in float64 on the positions ``keep_of(b, i, sq, skv)``
+    lists (none kept: zeros)."""
+    got = got.view(B, SQ, N, D)
+    qs, ks, vs = q.view(B, SQ, N, D), k.view(B, S, NKV, D), v.view(B, S, NKV, D)
+    for b, (sq, skv) in enumerate(((5, 48), (3, 20))):
+        for i in range(SQ):
+            keep = keep_of(b, i, sq, skv) if i < sq else []
+            for h in range(N):
+                if not keep:
+                    assert torch.equal(got[b, i, h], torch.zeros(D))
+                    continue
+                kk, vv = ks[b, keep, h // (N // NKV)], vs[b, keep, h // (N // NKV)]
+                p = torch.softmax(kk.double() @ qs[b, i, h].double() * 0.17, dim=0)
+                torch.testing.assert_close(got[b, i, h].double(), p @ vv.double(),
+                                           atol=1e-5, rtol=1e-5)
+
+
 def test_op_against_an_independent_loop():
     """The op's windows against a per-token loop over plain softmax (modes 3 and 4, BSH)."""
     q, k, v, _ = _case("BSH", False, torch.float32, [48, 20])
     for mode, pre, nxt in ((3, INT_MAX, INT_MAX), (4, 2, 1)):
         kw = _kwargs("BSH", None, mode, pre, nxt, [5, 3], [48, 20])
-        got = _op(q, k, v, kw).view(B, SQ, N, D)
-        qs, ks, vs = q.view(B, SQ, N, D), k.view(B, S, NKV, D), v.view(B, S, NKV, D)
-        for b, (sq, skv) in enumerate(((5, 48), (3, 20))):
-            for i in range(SQ):
-                for h in range(N):
-                    diag = i + skv - sq
-                    keep = [j for j in range(skv)
-                            if i < sq and j <= diag + (0 if mode == 3 else nxt)
-                            and (mode == 3 or j >= diag - pre)]
-                    if not keep:
-                        assert torch.equal(got[b, i, h], torch.zeros(D))
-                        continue
-                    kk, vv = ks[b, keep, h // (N // NKV)], vs[b, keep, h // (N // NKV)]
-                    p = torch.softmax(kk.double() @ qs[b, i, h].double() * 0.17, dim=0)
-                    torch.testing.assert_close(got[b, i, h].double(), p @ vv.double(),
-                                               atol=1e-5, rtol=1e-5)
+
+        def keep_of(b, i, sq, skv, mode=mode, pre=pre, nxt=nxt):
+            diag = i + skv - sq
+            return [j for j in range(skv) if j <= diag + (0 if mode == 3 else nxt)
+                    and (mode == 3 or j >= diag - pre)]
+
+        _assert_loop(_op(q, k, v, kw), q, k, v, keep_of)
 
 
 def _mask(shape, dtype, seed, dropped=()):
@@ -233,22 +243,14 @@ def test_op_with_a_mask_against_an_independent_loop():
     softmax in float64 (BSH, a [B, S_q, S] mask)."""
     q, k, v, _ = _case("BSH", False, torch.float32, [48, 20])
     mask = _mask((B, SQ, S), torch.bool, seed=11)
-    qs, ks, vs = q.view(B, SQ, N, D), k.view(B, S, NKV, D), v.view(B, S, NKV, D)
     for mode, pre, nxt in ((1, INT_MAX, INT_MAX), (0, 2, 4)):
         kw = _kwargs("BSH", None, mode, pre, nxt, [5, 3], [48, 20])
-        got = _op(q, k, v, kw, mask=mask).view(B, SQ, N, D)
-        for b, (sq, skv) in enumerate(((5, 48), (3, 20))):
-            for i in range(SQ):
-                keep = [j for j in range(skv) if i < sq and not mask[b, i, j]
-                        and (mode == 1 or i - pre <= j <= i + nxt)]
-                for h in range(N):
-                    if not keep:
-                        assert torch.equal(got[b, i, h], torch.zeros(D))
-                        continue
-                    kk, vv = ks[b, keep, h // (N // NKV)], vs[b, keep, h // (N // NKV)]
-                    p = torch.softmax(kk.double() @ qs[b, i, h].double() * 0.17, dim=0)
-                    torch.testing.assert_close(got[b, i, h].double(), p @ vv.double(),
-                                               atol=1e-5, rtol=1e-5)
+
+        def keep_of(b, i, sq, skv, mode=mode, pre=pre, nxt=nxt):
+            return [j for j in range(skv) if not mask[b, i, j]
+                    and (mode == 1 or i - pre <= j <= i + nxt)]
+
+        _assert_loop(_op(q, k, v, kw, mask=mask), q, k, v, keep_of)
 
 
 class _Prefill(torch.nn.Module):
