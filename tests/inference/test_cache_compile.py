@@ -574,6 +574,21 @@ def test_reused_number_tensor_is_made_again_when_the_number_changes():
     assert handed_back(1.5) is not handed_back(1.5)
 
 
+def test_number_inputs_under_inference_mode(tmp_path, log):
+    """A serving loop under torch.inference_mode(): the 0-d tensor made for a float attribute
+    keeps a version counter (an inference tensor has none, and its second call raised), and a
+    changed value is still followed."""
+    src = _load(tmp_path)
+    model = src.Model(tmp_path / "c", config=_config())
+    x = torch.randn(2, 1, 8)
+    with torch.inference_mode():
+        for eps in (1e-6, 1e-6, 0.5, 0.5, 1e-6):
+            model.eps = eps
+            got = model(x, [4, 6])
+            assert _equal(got, model.decode(x, [4, 6])), eps
+    assert not _messages(log), _messages(log)
+
+
 def test_the_number_inputs_reuse_their_tensors_only_for_the_same_objects():
     """All of an entry's number inputs at once: the last tensors serve again only when every
     number is the very object of the last call and no tensor was written into; a new object

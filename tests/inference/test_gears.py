@@ -296,24 +296,3 @@ def test_other_dims_of_a_gear_tensor_are_static_under_dynamic_true():
     model(torch.randn(2, 6))  # the fixed dim is guarded: another size is another graph
     assert counter.frame_count == 2
 
-
-def test_any_marked_follows_the_marked_tensors_lifetimes():
-    """cache_compile skips its per-call look at every input's gear marks when no marked tensor
-    is alive; marking again counts once, and each marked tensor's death is counted."""
-    import gc
-
-    from torchair.inference.gears import any_marked
-
-    gc.collect()
-    before = any_marked()
-    a, b = torch.zeros(4, 3), torch.zeros(8, 3)
-    set_dim_gears(a, {0: [2, 4]})
-    set_dim_gears(a, {0: [2, 4]})  # the same gears again: still one marked tensor
-    set_dim_gears(b, {0: [4, 8]})
-    assert any_marked()
-    del a
-    gc.collect()
-    assert any_marked()
-    del b
-    gc.collect()
-    assert any_marked() == before

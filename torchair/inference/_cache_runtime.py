@@ -20,7 +20,7 @@ from torchair.inference._cache_io import (NotCacheable, build_output, graph_outp
                                           info_from_json, program_from_graph)
 from torchair.inference._graph_io import graph_from_json
 from torchair.inference._guard_eval import GuardSet, TensorMemo
-from torchair.inference.gears import GearDim, GearTable, any_marked, get_dim_gears
+from torchair.inference.gears import GearDim, GearTable, get_dim_gears
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
@@ -122,7 +122,10 @@ class _NumberInput:
                     and (not isinstance(value, float) or
                          math.copysign(1.0, value) == math.copysign(1.0, number))):
                 return tensor
-        tensor = torch.tensor(value, dtype=self.dtype)
+        # a normal tensor also under inference_mode (an inference tensor has no version
+        # counter to tell a write into it)
+        with torch.inference_mode(False):
+            tensor = torch.tensor(value, dtype=self.dtype)
         if self.reuse:
             self.last = (value, tensor, tensor._version)
         return tensor
@@ -248,8 +251,6 @@ class Runtime:
         if why:
             return why, []
         served = self.served  # read once: another thread may finish the first call meanwhile
-        if served and not any_marked():
-            return "", flat  # no tensor has gears: later calls may carry none (below)
         for k, (name, expected) in (self.gears.items() if not served else self.gear_args):
             found = get_dim_gears(flat[k])
             # as Dynamo's guard on the marks: the first call (this process's "trace") carries

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
-import weakref
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -24,14 +22,6 @@ MIN_GEARS, MAX_GEARS = 2, 100
 MAX_COMBINATIONS = 100
 POLICIES = ("zip", "product")
 _ATTR = "_torchair_dim_gears"
-# how many tensors set_dim_gears marked are still alive (with none, no call can carry marks)
-_live = [0]
-_live_lock = threading.Lock()
-
-
-def _unmarked() -> None:  # a marked tensor died
-    with _live_lock:
-        _live[0] -= 1
 
 
 def set_dim_gears(t: torch.Tensor, dim_gears: Mapping[int, Sequence[int]]) -> None:
@@ -70,21 +60,11 @@ def set_dim_gears(t: torch.Tensor, dim_gears: Mapping[int, Sequence[int]]) -> No
         else:
             torch._dynamo.mark_static(t, d)
     setattr(t, _ATTR, gears)
-    if old is None:
-        with _live_lock:
-            _live[0] += 1
-        weakref.finalize(t, _unmarked)
 
 
 def get_dim_gears(t: Any) -> dict[int, tuple[int, ...]] | None:
     """The gears recorded on ``t`` by :func:`set_dim_gears` (None when it has none)."""
     return getattr(t, _ATTR, None)
-
-
-def any_marked() -> bool:
-    """Whether a tensor :func:`set_dim_gears` marked is still alive (when not, no tensor has
-    gears: a per-call look at every input can be skipped)."""
-    return _live[0] > 0
 
 
 def _check_sizes(t: torch.Tensor, dim: Any, sizes: Any) -> tuple[int, ...]:
