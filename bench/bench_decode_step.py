@@ -532,8 +532,10 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
         t0 = time.perf_counter()
         rounds = H.interleaved_rounds(fns, steps_of_round, args.rounds, sync,
                                       before_round=before_round, after_round=after_round)
-        print(f"  timed {args.rounds} rounds x {args.steps} steps x {len(fns)} variants "
-              f"(with {FLOOR}) in {time.perf_counter() - t0:.1f} s", flush=True)
+        floors = [name for name in (FLOOR, DYNAMO_FLOOR) if name in fns]
+        print(f"  timed {args.rounds} rounds x {args.steps} steps x {len(fns) - len(floors)} "
+              f"variants and {len(floors)} floor row(s) ({', '.join(floors)}) in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
         bandwidth.append(read_bandwidth(device, sync=sync))
         gemv_rounds = rounds.pop(FLOOR)
         recompiles.pop(FLOOR, None)
