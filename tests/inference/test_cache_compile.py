@@ -574,6 +574,38 @@ def test_reused_number_tensor_is_made_again_when_the_number_changes():
     assert handed_back(1.5) is not handed_back(1.5)
 
 
+@pytest.mark.parametrize("cache", [True, False], ids=["saved", "not-cached"])
+def test_the_cold_call_keeps_no_input_or_output_alive(tmp_path, cache, monkeypatch):
+    """The cold call's first inputs and outputs (kept to map the return value onto the graph)
+    are dropped after it, saved or not: Dynamo's compiled function, kept for calls the entry
+    does not fit, holds them otherwise for the life of the process."""
+    import gc
+    import weakref
+
+    src = _load(tmp_path)
+    cache_dir = tmp_path / "c"
+    if not cache:  # an unusable cache directory: compiled, not cached
+        from torchair.inference import _cache_store
+
+        def read_only(*args, **kwargs):
+            raise OSError("read-only file system")
+
+        monkeypatch.setattr(_cache_store, "ensure_dir", read_only)
+    model = src.Model(cache_dir, config=_config())
+    x = torch.randn(2, 1, 8)
+    out = _run(model, x, [5, 7])
+    assert (model.cached_decode.entry is not None) == cache
+    refs = [weakref.ref(t) for t in (out if isinstance(out, (tuple, list)) else [out])]
+    del out
+    gc.collect()
+    assert all(r() is None for r in refs)
+    again = _run(model, torch.randn(2, 1, 8), [4, 6])  # served again; still nothing kept
+    refs = [weakref.ref(t) for t in (again if isinstance(again, (tuple, list)) else [again])]
+    del again
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_number_inputs_under_inference_mode(tmp_path, log):
     """A serving loop under torch.inference_mode(): the 0-d tensor made for a float attribute
     keeps a version counter (an inference tensor has none, and its second call raised), and a

@@ -318,7 +318,7 @@ class CachedFunction:
         backend = _recording_backend(self, state)
         self.compiled = torch.compile(self.func, backend=backend, dynamic=self.dynamic,
                                       fullgraph=True, **self.compile_kwargs)
-        with self._build_dir(entry) as build:
+        with self._build_dir(entry) as build, _releasing(state):
             try:
                 with recorder.recording() as records, _ahead_of_time(build):
                     state.records = records
@@ -363,9 +363,6 @@ class CachedFunction:
             raise
         except OSError as error:  # a full or read-only disk: the entry is not saved
             self._not_cached(f"writing {self.entry} failed ({error})")
-        finally:
-            for rec in state.records:
-                rec.outputs = []  # release the first call's outputs (kept only to map them)
 
     def _serve_from(self, meta_json: bytes, rec: recorder.GraphRecord) -> None:
         """Later calls in this process run as a warm process's do: the entry's guards, then
@@ -613,8 +610,25 @@ class _ColdState:
         self.as_tensor: list[bool] = []
         self.aot_outputs: list | None = None  # what the compiled graph returned to Dynamo
         self.flat_inputs: list = []
+        # the first call's inputs and outputs were captured (and, after the cold call,
+        # released): later calls through the compiled function keep nothing
+        self.captured = False
         self.not_cacheable = ""
         self.writes: list[list] = []  # attribute writes of constants the warm call replays
+
+
+@contextlib.contextmanager
+def _releasing(state: _ColdState) -> Iterator[None]:
+    """After the cold call (saved or not, raised or not), drop the first call's inputs and
+    outputs: Dynamo's compiled function, kept for calls the entry does not fit, holds the
+    backend and so the state for the life of the process (a prefill's logits, say)."""
+    try:
+        yield
+    finally:
+        state.captured = True
+        state.aot_outputs, state.flat_inputs = None, []
+        for rec in state.records:
+            rec.outputs = []  # (the graph records' copies, kept only to map them)
 
 
 def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
@@ -680,11 +694,13 @@ def _capturing(compiled: Callable, state: _ColdState) -> Callable:
     boxed = getattr(compiled, "_boxed_call", False)
 
     def run(*args: Any) -> Any:
+        if state.captured:
+            return compiled(*args)
         packed = boxed and len(args) == 1 and isinstance(args[0], list)
         inputs = list(args[0]) if packed else list(args)  # before a boxed callee clears it
         outputs = compiled(*args)
-        if state.aot_outputs is None:
-            state.aot_outputs, state.flat_inputs = list(outputs), inputs
+        state.captured = True
+        state.aot_outputs, state.flat_inputs = list(outputs), inputs
         return outputs
 
     run._boxed_call = boxed  # type: ignore[attr-defined]
