@@ -295,4 +295,3 @@ def test_other_dims_of_a_gear_tensor_are_static_under_dynamic_true():
     assert report.inputs[-1].shape == (-1, 5)
     model(torch.randn(2, 6))  # the fixed dim is guarded: another size is another graph
     assert counter.frame_count == 2
-
