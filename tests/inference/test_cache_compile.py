@@ -593,17 +593,25 @@ def test_the_cold_call_keeps_no_input_or_output_alive(tmp_path, cache, monkeypat
         monkeypatch.setattr(_cache_store, "ensure_dir", read_only)
     model = src.Model(cache_dir, config=_config())
     x = torch.randn(2, 1, 8)
+    def all_dropped(refs):
+        # log records kept by pytest's capture handlers can hold a traceback, and through its
+        # frames the result (torch 2.11 logs an internal metrics error with exc_info after some
+        # other tests): what is asserted is that torchair keeps nothing
+        for handler in logging.getLogger().handlers:
+            if isinstance(getattr(handler, "records", None), list):
+                handler.records.clear()
+        gc.collect()
+        return all(r() is None for r in refs)
+
     out = _run(model, x, [5, 7])
     assert (model.cached_decode.entry is not None) == cache
     refs = [weakref.ref(t) for t in (out if isinstance(out, (tuple, list)) else [out])]
     del out
-    gc.collect()
-    assert all(r() is None for r in refs)
+    assert all_dropped(refs)
     again = _run(model, torch.randn(2, 1, 8), [4, 6])  # served again; still nothing kept
     refs = [weakref.ref(t) for t in (again if isinstance(again, (tuple, list)) else [again])]
     del again
-    gc.collect()
-    assert all(r() is None for r in refs)
+    assert all_dropped(refs)
 
 
 def test_number_inputs_under_inference_mode(tmp_path, log):
