@@ -61,9 +61,10 @@ def test_torch_check_on_a_length_keeps_path_4():
     assert len(reports) == 1 and reports[0].build_static, reports[0].reasons
 
 
-def test_lengths_read_from_a_tensor_in_the_graph_are_not_static(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
-
+@torch._dynamo.config.patch(capture_scalar_outputs=True)
+def test_lengths_read_from_a_tensor_in_the_graph_are_not_static():
+    # (config.patch, not monkeypatch: undoing a monkeypatch of a torch config module deletes
+    # the option on some pytest / torch versions, and every later compile then fails)
     def fn(q, k, v, lens_t):
         return _attn(q, k, v, lens_t.tolist())
 
