@@ -106,14 +106,19 @@ def _check_scalars(sparse_mode: int, inner_precise: int, pre_tokens: int, next_t
                    f"{pre_tokens}, next_tokens={next_tokens} (an empty band)")
 
 
+def check_host_q_lengths(lengths, q_len: int) -> None:
+    """Query lengths given as a host list must lie in ``[0, S_q]`` (FIA's ValueError)."""
+    for i, x in enumerate(lengths):
+        if not 0 <= int(x) <= q_len:
+            raise _err(f"actual_seq_lengths[{i}]={int(x)} must be in [0, S_q={q_len}] "
+                       f"(the valid query rows of batch {i})")
+
+
 def _q_lengths(actual_seq_lengths, dims: _common.AttentionDims, device) -> torch.Tensor | None:
     if actual_seq_lengths is None:
         return None
     if not isinstance(actual_seq_lengths, torch.Tensor):
-        for i, x in enumerate(actual_seq_lengths):
-            if not 0 <= int(x) <= dims.q_len:
-                raise _err(f"actual_seq_lengths[{i}]={int(x)} must be in [0, S_q={dims.q_len}] "
-                           f"(the valid query rows of batch {i})")
+        check_host_q_lengths(actual_seq_lengths, dims.q_len)
     return _common.seq_lengths_tensor(OP, actual_seq_lengths, dims.batch, device)
 
 

@@ -63,11 +63,8 @@ def _call_check(kv_slots: tuple[int, int] | None, q_slots: tuple[int, int] | Non
             lengths = values[q_slots[0]:q_slots[1]]
             if len(lengths) not in (batch, 1):
                 return
-            for i, x in enumerate(lengths):
-                if not 0 <= x <= q_len:
-                    with q_wording():
-                        raise _fia._err(f"actual_seq_lengths[{i}]={x} must be in [0, S_q="
-                                        f"{q_len}] (the valid query rows of batch {i})")
+            with q_wording():
+                _fia.check_host_q_lengths(lengths, q_len)
     return check
 
 
