@@ -20,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -97,8 +97,10 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
 
 
-def worker(args, result_path: str) -> int:
-    """One rank of ``torchair demo --tp N`` (started by :func:`launch`)."""
+def worker(args, result_path: str) -> NoReturn:
+    """One rank of ``torchair demo --tp N`` (started by :func:`launch`): runs the rank and ends
+    the process with its exit status (after the process group is torn down, without the
+    interpreter's own teardown)."""
     from torchair.compat._distributed import default_timeout
 
     start = time.perf_counter()
@@ -119,9 +121,16 @@ def worker(args, result_path: str) -> int:
         # still wrote the results once aborted rank 0 in gloo's teardown (a failed rank skips
         # this, and the launcher stops the others)
         dist.barrier()
-        return code
     finally:
         dist.destroy_process_group()
+    # The rank's work is done and its results are written. It leaves without the interpreter's
+    # teardown: under load, a rank still aborted there now and then ("terminate called without
+    # an active exception", SIGABRT: a C++ thread object destroyed while joinable as the
+    # process's static objects went), which made the launcher report a failed rank for a run
+    # whose tokens were all equal.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _worker(args, result_path: str, rank: int, world: int, backend: str, start: float) -> int:
