@@ -63,15 +63,17 @@ try:
 except ImportError:  # not POSIX: builds are still atomic, only not deduplicated
     fcntl = None
 
-__all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "cache_dir", "cpu_signature",
+__all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "abi_number", "cache_dir", "cpu_signature",
            "enabled", "load", "write_private"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-fPIC",
          "-shared")
-# C++ sources: PyTorch operators (``TORCH_LIBRARY``), linked against this process's torch
-CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fPIC", "-shared")
+# C++ sources: PyTorch operators (``TORCH_LIBRARY``), linked against this process's torch;
+# -fopenmp makes ``at::parallel_for`` in them parallel (without it the header's OpenMP pragma is
+# ignored and the loop runs on one thread)
+CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fopenmp", "-fPIC", "-shared")
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 _RECORD_FORMAT = "torchair.native_kernel"
 _RECORD_VERSION = 1
@@ -85,6 +87,18 @@ class _Damaged(Exception):
     def __init__(self, path: pathlib.Path, reason: str):
         super().__init__(f"{os.fspath(path)}: {reason}")
         self.path, self.reason = path, reason
+
+
+def abi_number(op: object) -> int:
+    """A nonzero number naming the schema of ``op`` (an ``OpOverload`` of a library built here),
+    which static units pass as its last argument, ``abi`` (the kernels ignore it). A default
+    argument drops out of the graph Inductor traces, so a new argument (with its default) would
+    leave the graph, and Inductor's cache key, as they were: the cache would hand back code
+    compiled for the old argument count, which the dispatcher then reads past (a crash). With the
+    schema's number in the graph, another schema is another key."""
+    import zlib
+
+    return zlib.crc32(str(op._schema).encode()) % (2**31 - 1) + 1
 
 
 def enabled() -> bool:

@@ -66,7 +66,6 @@ import signal
 import subprocess
 import sys
 import threading
-import zlib
 from typing import Any
 
 import torch
@@ -421,13 +420,9 @@ def fia_prompt() -> Any:
 
 
 def _abi(op: Any) -> int:
-    """A nonzero number naming ``op``'s schema, passed as its last argument in a unit's graph
-    (the kernels ignore it). A default argument drops out of the graph Inductor traces, so a
-    new argument (with its default) would leave the graph, and Inductor's cache key, as they
-    were: the cache would hand back code compiled for the old argument count, which the
-    dispatcher then reads past (a crash). With the schema's number in the graph, another schema
-    is another key."""
-    return zlib.crc32(str(op._schema).encode()) % (2**31 - 1) + 1
+    """The number naming ``op``'s schema that a unit passes as its ``abi`` argument
+    (:func:`torchair.ops.toolchain.native.abi_number`)."""
+    return _native.abi_number(op)
 
 
 def _meta(val: Any) -> Any:
