@@ -47,6 +47,9 @@ class GraphReport:
     # calls a CPU static unit makes to C++ launch kernels instead of the general op (filled in
     # when it is built; see torchair.ops.attention.cpu.launch)
     launch_kernels: int = 0
+    # few-row products (mm/addmm) a CPU static unit hands to torchair_native::gemv (filled in when
+    # it is built; see torchair.ops.matmul.cpu)
+    small_products: int = 0
     # collectives (``_c10d_functional`` ops) and where they run, e.g. "all_reduce x2 inside the
     # launch unit (gloo, host)"; "" for a graph without collectives
     collectives: str = ""
@@ -105,6 +108,9 @@ class GraphReport:
         if self.launch_kernels:
             lines.append(f"  launch kernels: {self.launch_kernels} call(s) go to C++ dispatcher "
                          f"kernels, no Python per call")
+        if self.small_products:
+            lines.append(f"  small products: {self.small_products} mm call(s) go to "
+                         f"torchair_native::gemv")
         lines += [f"  why not static: {r}" for r in self.reasons]
         lines += [f"  dump: {d}" for d in self.dumps]
         return "\n".join(lines)

@@ -433,9 +433,9 @@ def load_library(path: str | os.PathLike, device: str) -> Engine:
 
 
 def _load_launch_kernels(path: str) -> None:
-    """Register torchair's launch kernels (:mod:`torchair.ops.attention.cpu.launch`) before
-    PyTorch's runner resolves the custom ops that the library at ``path`` calls, when it calls
-    them."""
+    """Register torchair's launch kernels (:mod:`torchair.ops.attention.cpu.launch`,
+    :mod:`torchair.ops.matmul.cpu`) before PyTorch's runner resolves the custom ops that the
+    library at ``path`` calls, when it calls them."""
     ops = pathlib.Path(path).with_name(LIBRARY_OPS)
     try:
         calls = ops.read_text(encoding="utf-8", errors="replace")
@@ -444,8 +444,14 @@ def _load_launch_kernels(path: str) -> None:
     if "torchair_native" not in calls:
         return
     from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.matmul import cpu as _matmul
 
-    if not _launch.available():
+    if "gemv" in calls and not _matmul.available():
+        raise RuntimeError(f"{path} calls torchair's C++ small-product kernel "
+                           f"(torchair_native::gemv), which could not be built or loaded here "
+                           f"(a C++ compiler, TORCHAIR_NATIVE_KERNELS=0, a CPU without AVX2?; see "
+                           f"the warnings above); rebuild the cache entry on this machine")
+    if ("ifa_decode" in calls or "fia_prompt" in calls) and not _launch.available():
         raise RuntimeError(f"{path} calls torchair's C++ launch kernels (torchair_native ops), "
                            f"which could not be built or loaded here (a C/C++ compiler, "
                            f"TORCHAIR_NATIVE_KERNELS=0?; see the warnings above); rebuild the "

@@ -237,14 +237,20 @@ class StaticUnit:
 
     def _launch_graph(self, unit_args: list) -> fx.GraphModule:
         """The graph the engine builds: on CPU without a capture, ops that have launch kernels
-        call them (:func:`torchair.ops.attention.cpu.launch.bind_static_unit`); ``self.gm`` stays as
-        traced."""
+        call them (:func:`torchair.ops.attention.cpu.launch.bind_static_unit`, bit for bit the
+        general ops), and so do few-row products in Inductor-engine units
+        (:func:`torchair.ops.matmul.cpu.bind_static_unit`: rounded differently from ATen's mm,
+        as Inductor's fused kernels are; the FX engine, ``debug.run_eagerly``, keeps eager's
+        kernels); ``self.gm`` stays as traced."""
         if self.capture is not None or _device_of(unit_args).type != "cpu":
             return self.gm
         from torchair.ops.attention.cpu import launch as _launch
+        from torchair.ops.matmul import cpu as _matmul
 
         gm, count = _launch.bind_static_unit(self.gm)
         self.report.launch_kernels = count
+        if self.engine_name in _INDUCTOR_ENGINES:  # the FX engine runs eager's kernels
+            gm, self.report.small_products = _matmul.bind_static_unit(gm)
         if count and self.sunk is not None:  # bound calls check their host lists in C++
             left = {n.name for n in gm.graph.nodes}
             self.sunk.checks = [check for name, check in self._host_checks if name in left]

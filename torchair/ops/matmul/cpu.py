@@ -1,0 +1,180 @@
+"""Few-row matrix products of CPU static units: ``torchair_native::gemv``.
+
+A decode step's linear layers are ``mm(x, W.t())`` (``addmm`` with a bias) whose ``x`` has as
+many rows as the batch: each product reads the whole weight once and does little arithmetic per
+weight value, so its time is the time to stream the weight. ``toolchain/csrc/small_gemm.cpp``
+(built on first use by :mod:`torchair.ops.toolchain.native` against this process's torch, cached
+the same safe way as the other native kernels) registers
+
+    torchair_native::gemv(Tensor x, Tensor w_t, Tensor? bias=None, int abi=0) -> Tensor
+
+with PyTorch's dispatcher: ``mm(x, w_t)`` (plus ``bias``), computed by a kernel that splits W's
+rows over PyTorch's threads (its OpenMP runtime and thread count) and streams each row once for
+up to 8 rows of ``x`` held in vector registers (AVX-512, else AVX2). Each output is one thread's
+sum in a fixed order, whatever the thread count. Calls it cannot take (another dtype, a layout
+whose rows are not contiguous in k, a bias that is not N contiguous values) are ATen's
+``mm``/``addmm`` inside the same operator, so no call is refused.
+
+:func:`bind_static_unit` rewrites, in the graph of a CPU static unit built by the Inductor engine
+(the FX engine, ``debug.run_eagerly``, keeps eager's kernels), each float32 ``aten.mm`` /
+``aten.addmm`` (``beta = alpha = 1``) with :data:`MIN_ROWS` to :data:`MAX_ROWS` rows whose
+second operand is a transposed row-major matrix (``W.t()``: a linear layer's weight) into this
+operator. Below that ATen's GEMV already reads the weight at the memory's speed, above it a
+BLAS's blocked GEMM is the faster one (``bench/bench_small_gemm.py``): those stay ``mm``. The
+kernel sums in another order than the BLAS, so a bound unit's products can differ from eager's in
+the last bits (as Inductor's fused kernels do); ``TORCHAIR_SMALL_GEMM=0`` keeps ATen's ``mm``.
+
+Nothing here is required: without a C++ compiler, with ``TORCHAIR_NATIVE_KERNELS=0`` or on a CPU
+without AVX2/AVX-512 the products stay ATen's.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from torchair.core.utils import env_switch, logger
+from torchair.ops.toolchain import native as _native
+
+__all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "bind_static_unit", "binds_rows",
+           "gemv", "reference", "vector_bits"]
+
+# Rows of x a static unit's products are bound for. bench/bench_small_gemm.py on the 2-core
+# AVX-512 VM of bench/results (the decode bench's 14 weights, 23 MiB): at 1-3 rows ATen's F.linear
+# already streams the weights at the read bandwidth (the kernel: equal at 1-2 rows, 0.83x at 3);
+# the kernel is 1.24-1.58x faster at 4-16 rows, 1.17x at 32, equal at 48 and slower at 64 (a
+# BLAS's blocked GEMM wins once arithmetic dominates).
+MIN_ROWS = 4
+MAX_ROWS = 32
+ENV_SWITCH = "TORCHAIR_SMALL_GEMM"  # 0: static units keep ATen's mm (bit-exact with eager)
+_SYMBOLS = ("torchair_gemm_register", "torchair_gemm_vector_bits")
+_lock = threading.Lock()
+_result: bool | None = None
+_bits = 0
+_fake_lib: Any = None
+
+
+def available() -> bool:
+    """Whether ``torch.ops.torchair_native.gemv`` is registered with a vector fast path (built
+    and loaded on the first call)."""
+    global _result
+    if _result is None:
+        with _lock:
+            if _result is None:
+                _result = _native.enabled() and _load_now()
+    return _result
+
+
+def binds_rows(rows: int) -> bool:
+    """Whether static units bind float32 products of ``rows`` rows here: the row count is in
+    ``[MIN_ROWS, MAX_ROWS]``, ``TORCHAIR_SMALL_GEMM`` is not 0 and the kernel is available."""
+    return MIN_ROWS <= rows <= MAX_ROWS and env_switch(ENV_SWITCH) and available()
+
+
+def vector_bits() -> int:
+    """The fast path's vector width (512 or 256), 0 when there is none."""
+    return _bits if available() else 0
+
+
+def _load_now() -> bool:
+    global _bits, _fake_lib
+    lib = _native.load("small_gemm", symbols=_SYMBOLS)
+    if lib is None:
+        return False
+    bits = lib.torchair_gemm_vector_bits()
+    if bits == 0:
+        logger.info("small products: this CPU has neither AVX-512 nor AVX2+FMA (as the compiler "
+                    "sees it); static units keep ATen's mm")
+        return False
+    err = ctypes.create_string_buffer(4096)
+    lib.torchair_gemm_register.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    if lib.torchair_gemm_register(err, len(err)) != 0:
+        logger.warning("torchair_native::gemv could not be registered with the dispatcher (%s); "
+                       "static units keep ATen's mm", err.value.decode(errors="replace"))
+        return False
+    _fake_lib = torch.library.Library("torchair_native", "FRAGMENT")
+    torch.library.register_fake("torchair_native::gemv", _gemv_fake, lib=_fake_lib)
+    _bits = bits
+    return True
+
+
+def _gemv_fake(x, w_t, bias=None, abi=0):
+    torch._check(x.dim() == 2 and w_t.dim() == 2 and x.shape[1] == w_t.shape[0],
+                 lambda: f"gemv: x {tuple(x.shape)} and w_t {tuple(w_t.shape)} do not multiply")
+    return x.new_empty((x.shape[0], w_t.shape[1]))  # contiguous, as the kernel's
+
+
+def gemv() -> Any:
+    """The operator (``available()`` must be True)."""
+    return torch.ops.torchair_native.gemv.default
+
+
+def reference(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """The product in float64 (the tests' reference), as ``x``'s dtype."""
+    out = x.double() @ w_t.double()
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(x.dtype)
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def _bindable(node: fx.Node) -> tuple | None:
+    """``(x, w_t, bias)`` of an ``mm``/``addmm`` node the kernel serves fast, else None."""
+    aten = torch.ops.aten
+    if node.target is aten.mm.default and len(node.args) == 2 and not node.kwargs:
+        bias, (x, w_t) = None, node.args
+    elif node.target is aten.addmm.default and len(node.args) == 3:
+        if any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) or (
+                set(node.kwargs) - {"beta", "alpha"}):
+            return None
+        bias, x, w_t = node.args
+    else:
+        return None
+    xv, wv, bv = _val(x), _val(w_t), _val(bias)
+    tensors = [t for t in (xv, wv) if isinstance(t, torch.Tensor)]
+    if len(tensors) != 2 or any(t.dtype != torch.float32 or t.device.type != "cpu"
+                                or t.dim() != 2 for t in tensors):
+        return None
+    try:
+        rows, k, n = int(xv.shape[0]), int(xv.shape[1]), int(wv.shape[1])
+        if not MIN_ROWS <= rows <= MAX_ROWS or wv.shape[0] != k or k < 2:
+            return None
+        if xv.stride(1) != 1 or wv.stride(0) != 1:
+            return None
+        if bias is not None:
+            if not isinstance(bv, torch.Tensor) or bv.dtype != torch.float32 or bv.dim() != 1 \
+                    or int(bv.shape[0]) != n or (n > 1 and bv.stride(0) != 1):
+                return None
+    except (TypeError, ValueError):  # symbolic sizes: not a static unit's product
+        return None
+    return x, w_t, bias
+
+
+def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """A copy of a CPU static unit's graph whose few-row float32 products are
+    ``torchair_native::gemv`` calls (module doc), and how many were rewritten; ``(gm, 0)``,
+    ``gm`` itself, when there are none or the kernel is not available. ``gm`` is never
+    changed."""
+    found = [n for n in gm.graph.nodes if n.op == "call_function" and _bindable(n) is not None]
+    if not found or not env_switch(ENV_SWITCH) or not available():
+        return gm, 0
+    graph = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, copies))
+    op, abi = gemv(), _native.abi_number(gemv())
+    for old in found:
+        node = copies[old]
+        x, w_t, bias = (copies[a] if isinstance(a, fx.Node) else a for a in _bindable(old))
+        with graph.inserting_before(node):
+            new = graph.call_function(op, (x, w_t, bias, abi))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    return fx.GraphModule(gm, graph), len(found)
