@@ -37,15 +37,16 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
 
 Two rows are floors, timed interleaved with the variants, not variants:
 
-- ``floor-gemv``: the weight GEMVs alone (``F.linear`` on the model's weights); with the KV
+- ``floor-gemv``: the weight GEMVs alone (on the model's weights, the product a CPU static unit
+  runs for each: ``torchair_native::gemv`` where units bind it, else ``F.linear``); with the KV
   bytes at the measured read bandwidth, the step's floor (``x floor`` column).
 - ``floor-gemv+dynamo`` (when a ``torch.compile`` variant runs): the same GEMVs, then a copy of
   the module called through ``torch.compile`` with a backend that does no work
   (:class:`DynamoFloor`). Minus ``floor-gemv``, it is Dynamo's per-call work, which every
   ``torch.compile`` variant pays before its backend's code runs; the summary prints it, the
   same work measured as ``torchair`` minus ``torchair-nodynamo``, and the floor plus it as a
-  multiple of eager (an estimate: a unit's GEMVs, called from C++, can beat the floor's Python
-  ``F.linear`` calls).
+  multiple of eager (an estimate: a unit's GEMVs, called from C++, can beat the floor's calls
+  from Python).
 
 Each compiled variant is checked against eager (outputs of ``--check-steps`` steps and the final
 KV caches, ``allclose``) before timing; the result is recorded, nothing about speed is asserted.
@@ -613,9 +614,11 @@ def _floor(schedule: list[StepInput], timed_start: int, args: argparse.Namespace
                            "seconds": [t for b in bandwidth for t in b["seconds"]]},
         "gemvs": gemv.describe(),
         "method": (f"floor = median per-step time of the weight GEMVs alone ({FLOOR}: "
-                   "F.linear with the model's weight tensors on a [batch, in] input, timed "
-                   "interleaved with the variants) + mean KV bytes read per timed step "
-                   "(K and V, lens[b] positions per sequence, every layer) / read bandwidth"),
+                   "the product a CPU static unit runs for each of the model's weight tensors "
+                   "(torchair_native::gemv where units bind it, else F.linear) on a [batch, in] "
+                   "input, timed interleaved with the variants) + mean KV bytes read per timed "
+                   "step (K and V, lens[b] positions per sequence, every layer) / read "
+                   "bandwidth"),
     }
 
 
@@ -625,8 +628,8 @@ def _dynamo_ceiling(rounds: list[list[float]], floor: dict[str, Any], eager_medi
     """The ``floor-gemv+dynamo`` row and what follows from it: Dynamo's per-call work (that row
     minus ``floor-gemv``, and, when both ran, ``torchair`` minus ``torchair-nodynamo`` paired
     per round), and the floor plus that work as a multiple of eager's step. An estimate, not a
-    bound: the floor's GEMVs are Python ``F.linear`` calls, and a unit's GEMVs called from C++
-    can take less."""
+    bound: the floor's GEMVs are called from Python, and a unit's GEMVs called from C++ can
+    take less."""
     stats = H.summarize(rounds)
     dynamo_us = stats["median"] - floor["gemv_us"]["median"]
     out: dict[str, Any] = {

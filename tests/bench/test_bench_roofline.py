@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from torchair.ops.matmul import cpu as _mm
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -92,7 +94,9 @@ def test_profile_table_in_json(payload):
         for r in ops:
             assert math.isclose(r["self_cpu_us_per_step"],
                                 r["self_cpu_us_per_call"] * r["calls_per_step"], rel_tol=1e-9)
-        assert any(r["name"] == "aten::mm" for r in ops)
+        # the unit's products: few-row ones go to torchair's kernel where it is available
+        product = ("torchair_native::gemv" if _mm.binds_rows(res["batch"]) else "aten::mm")
+        assert any(r["name"] == product for r in ops)
         assert math.isclose(sum(r["self_cpu_share"] for r in ops), 1.0, rel_tol=1e-6)
 
 
@@ -122,3 +126,14 @@ def test_roofline_helpers():
     assert g.weight_bytes == (24 + 24) * 4 and sorted(g.inputs) == [4, 6]
     assert g.weights[0] is lin[0].weight  # the model's own tensors
     g()
+    # each product is the one a CPU static unit runs: the few-row kernel where units bind it
+    fast = "torchair_native::gemv" if _mm.binds_rows(_mm.MIN_ROWS) else "F.linear"
+    bound = GemvFloor.of_module(lin, batch=_mm.MIN_ROWS)
+    assert [name for name, _ in bound.calls] == [fast, fast]
+    assert f"2 {fast} calls" in bound.describe()
+    bound()
+    for batch in (_mm.MIN_ROWS - 1, _mm.MAX_ROWS + 1):  # ATen's where units keep mm
+        assert [name for name, _ in GemvFloor.of_module(lin, batch).calls] == ["F.linear"] * 2
+    wide = GemvFloor.of_module(lin.to(torch.float64), batch=_mm.MIN_ROWS)
+    assert [name for name, _ in wide.calls] == ["F.linear", "F.linear"]
+    wide()

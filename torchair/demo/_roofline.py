@@ -77,8 +77,11 @@ def kv_read_bytes(lens: Sequence[int], kv_hidden: int, layers: int, itemsize: in
 
 
 class GemvFloor:
-    """The weight GEMVs of a step alone: ``F.linear(x, W)`` for every weight matrix ``W`` (the
-    model's own tensors, not copies), on a ``[batch, in_features]`` input; call it like a step."""
+    """The weight GEMVs of a step alone, on a ``[batch, in_features]`` input, for every weight
+    matrix ``W`` (the model's own tensors, not copies); call it like a step. Each product is the
+    one a CPU static unit (Inductor engine) runs for it: ``torch.ops.torchair_native.gemv(x, W.t())`` where units
+    bind it (float32 CPU weights, :func:`torchair.ops.matmul.cpu.binds_rows` for ``batch``), else
+    ``F.linear(x, W)``: the floor is what a unit's own products take (``bench_small_gemm.py``)."""
 
     def __init__(self, weights: Sequence[torch.Tensor], batch: int) -> None:
         if not weights:
@@ -90,6 +93,18 @@ class GemvFloor:
             k = w.shape[1]
             if k not in self.inputs:
                 self.inputs[k] = torch.randn(batch, k, generator=gen).to(w.device, w.dtype)
+        # (kernel name, call) per weight
+        self.calls = [self._call(w, batch) for w in self.weights]
+
+    def _call(self, w: torch.Tensor, batch: int) -> tuple[str, Callable[[], Any]]:
+        x = self.inputs[w.shape[1]]
+        if w.device.type == "cpu" and w.dtype == torch.float32 and w.dim() == 2:
+            from torchair.ops.matmul import cpu as _mm
+
+            if _mm.binds_rows(batch):
+                op, w_t = _mm.gemv(), w.t()
+                return "torchair_native::gemv", lambda: op(x, w_t)
+        return "F.linear", lambda: F.linear(x, w)
 
     @classmethod
     def of_module(cls, module: torch.nn.Module, batch: int) -> "GemvFloor":
@@ -102,14 +117,15 @@ class GemvFloor:
 
     def describe(self) -> str:
         shapes = sorted({tuple(w.shape) for w in self.weights})
-        return (f"{len(self.weights)} F.linear calls on [batch, in] inputs, weights "
+        kernels = " / ".join(sorted({name for name, _ in self.calls}))
+        return (f"{len(self.weights)} {kernels} calls on [batch, in] inputs, weights "
                 f"{', '.join('x'.join(map(str, s)) for s in shapes)} "
                 f"({self.weight_bytes / 2**20:.1f} MiB)")
 
     def __call__(self, *_: Any) -> None:
         with torch.no_grad():
-            for w in self.weights:
-                F.linear(self.inputs[w.shape[1]], w)
+            for _, call in self.calls:
+                call()
 
 
 def floor_us(gemv_us: float, kv_bytes: float, gb_per_s: float) -> float:

@@ -397,8 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cached = the same step through torchair.inference.cache_compile: its first call "
               "compiles as graph's does, later calls run that launch unit after torchair's "
               f"checks of the call, without Dynamo's per-call work{served}")
-    print(f"floor = the step's weight GEMVs alone (F.linear with the same weights, timed in the "
-          f"same loop) + the KV bytes it reads at {bandwidth['gb_per_s']:.1f} GB/s (read "
+    print(f"floor = the step's weight GEMVs alone (the same weights, each product as a CPU "
+          f"static unit runs it: torchair_native::gemv where units bind it, else F.linear; timed "
+          f"in the same loop) + the KV bytes it reads at {bandwidth['gb_per_s']:.1f} GB/s (read "
           f"bandwidth: {bandwidth['method']}); x floor = ms/step / floor")
     print(f"\nDynamo compiles: {summary['dynamo_compiles']}   recompiles: "
           f"{summary['recompiles']}")
