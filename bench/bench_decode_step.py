@@ -812,10 +812,13 @@ def main(argv: list[str] | None = None) -> int:
                   + f"; floor + it = {dyn['floor_plus_dynamo_us']:.1f} us"
                   + (f" = eager / {dyn['floor_plus_dynamo_speedup']:.2f}"
                      if dyn["floor_plus_dynamo_speedup"] else ""))
+    gemvs = {b["floor"]["gemvs"]: [] for b in batches}  # per batch: which products the floor ran
+    for b in batches:
+        gemvs[b["floor"]["gemvs"]].append(str(b["batch"]))
+    for text, sizes in gemvs.items():
+        print(f"  GEMVs at batch {', '.join(sizes)}: {text}")
     if batches:
-        fl = batches[0]["floor"]
-        print(f"  GEMVs: {fl['gemvs']}")
-        print(f"  read bandwidth: {fl['read_bandwidth']['method']}")
+        print(f"  read bandwidth: {batches[0]['floor']['read_bandwidth']['method']}")
     for b in batches:
         prof = b.get("profile")
         if prof:

@@ -12,8 +12,8 @@ side in interleaved rounds (``_harness``):
 
 Both products are called from Python here, one dispatcher call per weight each. Prints per M the
 median step, GB/s of weight read and the ratio ``aten / gemv``; saves JSON under
-``bench/results/small_gemm_<machine>.json``. :data:`torchair.ops.matmul.cpu.MAX_ROWS` (the row
-counts static units bind) comes from these numbers.
+``bench/results/small_gemm_<machine>.json``. ``MIN_ROWS`` and ``MAX_ROWS`` of
+:mod:`torchair.ops.matmul.cpu` (the row counts static units bind) come from these numbers.
 
     python bench/bench_small_gemm.py [--rows 1 2 4 8 16 24 32 48 64] [--rounds 20] [--steps 10]
 """
@@ -80,8 +80,8 @@ def main(argv=None) -> int:
         return 1
     info = _harness.machine_info("cpu")
     _harness.print_machine(info)
-    print(f"kernel vector width: {_mm.vector_bits()} bits; static units bind up to "
-          f"MAX_ROWS = {_mm.MAX_ROWS} rows")
+    print(f"kernel vector width: {_mm.vector_bits()} bits; Inductor-engine static units bind "
+          f"products of {_mm.MIN_ROWS} to {_mm.MAX_ROWS} rows")
     start = time.time()
     weights = _weights(args.hidden, args.kv_hidden, args.intermediate, args.layers)
     nbytes = sum(w.numel() * w.element_size() for w in weights)
@@ -102,14 +102,15 @@ def main(argv=None) -> int:
                       round(stats["sum"]["median"]), round(gbps["aten"], 1),
                       round(gbps["gemv"], 1), round(gbps["sum"], 1),
                       f"{stats['aten']['median'] / stats['gemv']['median']:.2f}x",
-                      "yes" if rows <= _mm.MAX_ROWS else "no"])
+                      "yes" if _mm.MIN_ROWS <= rows <= _mm.MAX_ROWS else "no"])
     print(f"\n{len(weights)} weights, {nbytes / 2**20:.1f} MiB; median us per step (all "
           f"products), {args.rounds} rounds x {args.steps} steps")
     print(_harness.format_table(["rows", "aten us", "gemv us", "sum us", "aten GB/s",
                                  "gemv GB/s", "sum GB/s", "aten/gemv", "bound"], table))
     payload = {"benchmark": "small_gemm", "machine": info, "args": vars(args),
                "command": _harness.command_line(), "weight_bytes": nbytes,
-               "max_rows": _mm.MAX_ROWS, "vector_bits": _mm.vector_bits(), "results": results,
+               "min_rows": _mm.MIN_ROWS, "max_rows": _mm.MAX_ROWS,
+               "vector_bits": _mm.vector_bits(), "results": results,
                "total_runtime_s": time.time() - start}
     _harness.save_results("small_gemm", _harness.machine_tag(info), payload, out=args.out)
     return 0

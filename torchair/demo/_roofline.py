@@ -79,7 +79,8 @@ def kv_read_bytes(lens: Sequence[int], kv_hidden: int, layers: int, itemsize: in
 class GemvFloor:
     """The weight GEMVs of a step alone, on a ``[batch, in_features]`` input, for every weight
     matrix ``W`` (the model's own tensors, not copies); call it like a step. Each product is the
-    one a CPU static unit (Inductor engine) runs for it: ``torch.ops.torchair_native.gemv(x, W.t())`` where units
+    one a CPU static unit (Inductor engine) runs for it:
+    ``torch.ops.torchair_native.gemv(x, W.t())`` where units
     bind it (float32 CPU weights, :func:`torchair.ops.matmul.cpu.binds_rows` for ``batch``), else
     ``F.linear(x, W)``: the floor is what a unit's own products take (``bench_small_gemm.py``)."""
 
