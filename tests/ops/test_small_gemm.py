@@ -5,6 +5,7 @@ one and two threads; the calls it does not take fast are ATen's exactly. The bin
 static unit's few-row float32 products (and only those) without touching the traced graph; an
 Inductor-engine unit calls the kernel from its generated code; an FX-engine unit keeps eager's
 products bit for bit."""
+import json
 import math
 
 import pytest
@@ -200,6 +201,20 @@ def test_bind_rewrites_few_row_products(batch, bias):
     assert abi == [_native.abi_number(_mm.gemv())] * 2
 
 
+def test_chained_products_are_all_bound():
+    """A product whose operand is another bound product (Linear after Linear, x @ A.t() @ B.t())
+    reads the new node: the graph is well formed and computes the same."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32, bias=False),
+                                 torch.nn.Linear(32, 16))
+    gm, args = _traced(module, torch.randn(8, 64))
+    bound, count = _mm.bind_static_unit(gm)
+    assert count == 3
+    bound.graph.lint()
+    with torch.no_grad():
+        torch.testing.assert_close(bound(*args), gm(*args), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("batch", [1, _mm.MIN_ROWS - 1, _mm.MAX_ROWS + 1])
 def test_other_row_counts_stay_mm(batch):
     """Below MIN_ROWS ATen's GEMV reads at the memory's speed already; above MAX_ROWS a
@@ -274,14 +289,22 @@ def test_inductor_unit_calls_the_kernel_with_its_schema_number():
     assert len(codes) == 1 and "torchair_native.gemv" in codes[0] and str(abi) in codes[0]
 
 
+def _calls_file(path, *targets):
+    nodes = [{"name": f"buf{i}", "node": {"target": t, "inputs": [], "outputs": []}}
+             for i, t in enumerate(targets)]
+    path.write_text(json.dumps({"nodes": nodes}))
+
+
 def test_a_warm_library_that_calls_the_kernel_registers_it_first(tmp_path, monkeypatch):
     """An ahead-of-time library (cache_compile's ge_cache entry) lists its custom-op calls
-    beside it; loading it registers the kernels it names, and says so when one cannot be had."""
+    beside it (unit.json, PyTorch's format); loading it registers the kernels it names, and
+    says so when one cannot be had."""
     from torchair.ops.attention.cpu import launch as _launch
     from torchair.runtime import engines
 
-    library = tmp_path / "unit.so"
-    (tmp_path / engines.LIBRARY_OPS).write_text('{"torchair_native::gemv": {}}')
+    library, calls = tmp_path / "unit.so", tmp_path / engines.LIBRARY_OPS
+    _calls_file(calls, "torchair_native::gemv", "torchair_native::gemv", "npu::other")
+    assert engines.library_calls(library) == ["torchair_native::gemv"] * 2 + ["npu::other"]
     asked = []
     monkeypatch.setattr(_mm, "available", lambda: asked.append("gemv") or True)
     monkeypatch.setattr(_launch, "available", lambda: asked.append("launch") or True)
@@ -290,7 +313,73 @@ def test_a_warm_library_that_calls_the_kernel_registers_it_first(tmp_path, monke
     monkeypatch.setattr(_mm, "available", lambda: False)
     with pytest.raises(RuntimeError, match=r"torchair_native::gemv.*rebuild the cache entry"):
         engines._load_launch_kernels(str(library))
-    (tmp_path / engines.LIBRARY_OPS).write_text('{"torchair_native::ifa_decode": {}}')
+    _calls_file(calls, "torchair_native::ifa_decode")
     asked.clear()
     engines._load_launch_kernels(str(library))
     assert asked == ["launch"]
+    calls.write_text('{"torchair_native::gemv": {}}')  # not PyTorch's format: not guessed at
+    with pytest.raises(RuntimeError, match="not the list of custom-op calls"):
+        engines._load_launch_kernels(str(library))
+    calls.unlink()
+    assert engines.library_calls(library) == []
+    engines._load_launch_kernels(str(library))  # a library without custom ops: nothing to do
+
+
+_WARM_SCRIPT = """
+import json, sys
+import torch, torchair
+from torchair.inference import cache_compile
+
+torch.manual_seed(0)
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 96, bias=False)
+        self.b = torch.nn.Linear(96, 64)
+    def forward(self, x):
+        return self.b(torch.nn.functional.silu(self.a(x)))
+m = M().eval()
+config = torchair.CompilerConfig()
+config.debug.run_eagerly = False
+f = cache_compile(m.forward, config=config, cache_dir=sys.argv[1], ge_cache=True, dynamic=False)
+x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+with torch.no_grad():
+    out, ref = f(x), m(x)
+report = torchair.graph_reports()[-1] if torchair.graph_reports() else None
+torch.save({"out": out, "ref": ref}, sys.argv[2])
+print(json.dumps({"engine": report and report.engine, "small": report and report.small_products,
+                  "compiles": len(torchair.graph_reports())}))
+"""
+
+
+@pytest.mark.inductor
+def test_a_cached_library_is_served_under_its_own_switch(tmp_path):
+    """cache_compile(ge_cache=True): a warm process runs the library (its products counted in
+    the report); a process with TORCHAIR_SMALL_GEMM=0 gets its own entry, built with mm, whose
+    result is eager's bit for bit, not the library that calls the kernel."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "step.py"
+    script.write_text(_WARM_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def run(name, **env):
+        full = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    **env)
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "c"),
+                               str(tmp_path / f"{name}.pt")], capture_output=True, text=True,
+                              timeout=300, env=full, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1]), torch.load(tmp_path / f"{name}.pt")
+
+    cold, cold_out = run("cold")
+    warm, warm_out = run("warm")
+    assert cold["small"] == 2 and warm["small"] == 2 and warm["engine"] == "inductor-aot"
+    assert torch.equal(warm_out["out"], cold_out["out"])
+    torch.testing.assert_close(cold_out["out"], cold_out["ref"], rtol=1e-5, atol=1e-5)
+    off, off_out = run("off", TORCHAIR_SMALL_GEMM="0")
+    assert off["small"] == 0 and torch.equal(off_out["out"], off_out["ref"])
+    assert len([p for p in (tmp_path / "c").iterdir() if p.is_dir()]) == 2  # two entries

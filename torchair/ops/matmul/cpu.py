@@ -177,4 +177,5 @@ def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
+        copies[old] = new  # a later product whose operand this one was reads the new node
     return fx.GraphModule(gm, graph), len(found)
