@@ -218,6 +218,24 @@ def test_ahead_of_time_entries_are_keyed_by_the_cpu(monkeypatch):
     assert keys.key_hash(capped) != keys.key_hash(aot)
 
 
+@pytest.mark.parametrize("switch", ["TORCHAIR_SMALL_GEMM", "TORCHAIR_NATIVE_KERNELS",
+                                    "TORCHAIR_LOWER_QUANT"])
+def test_ahead_of_time_entries_are_keyed_by_the_build_switches(monkeypatch, switch):
+    """A built library holds what the switch chose (products bound to torchair's kernel, quant
+    lowered): another switch value is another entry. Entries of the traced graph build under
+    each process's own switches, so their key ignores them."""
+    model = Model()
+    monkeypatch.delenv(switch, raising=False)
+    aot = keys.key_parts(model.step, _config(), True, None, ge_cache=True)
+    plain = keys.key_parts(model.step, _config(), True, None)
+    assert aot["build_switches"][switch] is True and "build_switches" not in plain
+    monkeypatch.setenv(switch, "0")
+    off = keys.key_parts(model.step, _config(), True, None, ge_cache=True)
+    assert off["build_switches"][switch] is False
+    assert keys.key_hash(off) != keys.key_hash(aot)
+    assert keys.key_hash(keys.key_parts(model.step, _config(), True, None)) == keys.key_hash(plain)
+
+
 def test_damaged_ahead_of_time_library_in_an_entry_is_rebuilt(tmp_path):
     """The entry's manifest records every file's digest, the library included."""
     from torchair.inference import _cache_store as store

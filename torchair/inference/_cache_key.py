@@ -25,6 +25,7 @@ import torch
 
 import torchair
 from torchair.configs._option import portable
+from torchair.core.utils import env_switch
 
 
 def _sha(text: str | bytes) -> str:
@@ -113,7 +114,21 @@ def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict |
     }
     if ge_cache:  # the entry may hold native code built for this machine
         parts["cpu"] = cpu_signature()
+        parts["build_switches"] = build_switches()
     return parts
+
+
+def build_switches() -> dict[str, bool]:
+    """The environment switches that change what an engine builds from the same graph (which
+    ops a CPU unit binds to C++ kernels, whether quant ops are lowered): an entry that holds the
+    build (``ge_cache``) is only right under the same switches. Entries without it keep the
+    traced graph, and each process builds it under its own switches."""
+    from torchair.ops.matmul import cpu as _matmul
+    from torchair.ops.toolchain import native as _native
+    from torchair.runtime import engines as _engines
+
+    return {name: env_switch(name) for name in sorted(
+        (_matmul.ENV_SWITCH, _native.ENV_DISABLE, _engines.ENV_LOWER_QUANT))}
 
 
 def key_hash(parts: dict) -> str:

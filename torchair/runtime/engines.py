@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import json
 import os
 import pathlib
 import shutil
@@ -432,26 +433,38 @@ def load_library(path: str | os.PathLike, device: str) -> Engine:
     return run
 
 
+def library_calls(path: str | os.PathLike) -> list[str]:
+    """The custom ops (``"torchair_native::gemv"``, ...) that the library at ``path`` calls, one
+    entry per call, read from the ``unit.json`` beside it; ``[]`` without one. A file that
+    cannot be read as that JSON raises ``RuntimeError``: the library cannot be run safely."""
+    ops = pathlib.Path(path).with_name(LIBRARY_OPS)
+    try:
+        raw = ops.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    try:
+        return [str(n["node"]["target"]) for n in json.loads(raw)["nodes"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(f"{ops}: not the list of custom-op calls PyTorch writes beside an "
+                           f"ahead-of-time library ({type(exc).__name__}: {exc})") from exc
+
+
 def _load_launch_kernels(path: str) -> None:
     """Register torchair's launch kernels (:mod:`torchair.ops.attention.cpu.launch`,
     :mod:`torchair.ops.matmul.cpu`) before PyTorch's runner resolves the custom ops that the
     library at ``path`` calls, when it calls them."""
-    ops = pathlib.Path(path).with_name(LIBRARY_OPS)
-    try:
-        calls = ops.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return
-    if "torchair_native" not in calls:
+    calls = {c for c in library_calls(path) if c.startswith("torchair_native::")}
+    if not calls:
         return
     from torchair.ops.attention.cpu import launch as _launch
     from torchair.ops.matmul import cpu as _matmul
 
-    if "gemv" in calls and not _matmul.available():
+    if "torchair_native::gemv" in calls and not _matmul.available():
         raise RuntimeError(f"{path} calls torchair's C++ small-product kernel "
                            f"(torchair_native::gemv), which could not be built or loaded here "
                            f"(a C++ compiler, TORCHAIR_NATIVE_KERNELS=0, a CPU without AVX2?; see "
                            f"the warnings above); rebuild the cache entry on this machine")
-    if ("ifa_decode" in calls or "fia_prompt" in calls) and not _launch.available():
+    if calls - {"torchair_native::gemv"} and not _launch.available():
         raise RuntimeError(f"{path} calls torchair's C++ launch kernels (torchair_native ops), "
                            f"which could not be built or loaded here (a C/C++ compiler, "
                            f"TORCHAIR_NATIVE_KERNELS=0?; see the warnings above); rebuild the "
