@@ -27,6 +27,9 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
   entries apart (none, with one entry).
   A user's opt-in, unsafe when anything guarded changes between calls; shows what Dynamo's
   guard evaluation costs per step.
+- ``torchair-mm`` (CPU only): ``torchair`` built with ``TORCHAIR_SMALL_GEMM=0``: its products
+  are ATen's ``mm`` instead of ``torchair_native::gemv`` (bound at 4-32 rows), so the kernel's
+  share of the step is measured in the same run.
 - ``torchair-nodynamo``: ``torchair``'s compiled function called directly with Dynamo's
   flattened arguments: the step minus Dynamo's per-call work (frame, guards, argument
   extraction). A diagnostic of where the time goes (nothing is guarded), not a way to call a
@@ -78,6 +81,7 @@ import _harness as H  # noqa: E402
 import _profile as P  # noqa: E402
 
 import torchair  # noqa: E402  (registers torch.ops.npu.*)
+from torchair.ops.matmul import cpu as _mm  # noqa: E402
 from torchair.demo._roofline import (GemvFloor, floor_us, kv_read_bytes,  # noqa: E402
                                      read_bandwidth, x_floor)
 
@@ -86,11 +90,13 @@ FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight G
 # nothing: what any torch.compile backend's step costs at least (see DynamoFloor)
 DYNAMO_FLOOR = "floor-gemv+dynamo"
 # variants called through Dynamo (torch.compile): the Dynamo floor is timed when one runs
-_THROUGH_DYNAMO = ("inductor", "torchair", "torchair-fx", "torchair-skipguards", "reduce-overhead")
+_THROUGH_DYNAMO = ("inductor", "torchair", "torchair-fx", "torchair-skipguards", "torchair-mm",
+                   "reduce-overhead")
 
 ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-cache", "torchair-fx",
-                "torchair-skipguards", "torchair-nodynamo",
+                "torchair-skipguards", "torchair-mm", "torchair-nodynamo",
                 "reduce-overhead")
+_CUDA_ONLY, _CPU_ONLY = ("reduce-overhead",), ("torchair-mm",)
 
 
 # ------------------------------------------------------------------------------ model
@@ -368,6 +374,12 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
         describe = ("torchair path 4 under torch.compiler.set_stance(skip_guard_eval_unsafe="
                     "True): only the guards that tell cache entries apart (a user's opt-in, "
                     "unsafe if guarded state changes)")
+    elif name == "torchair-mm":
+        compiled = _built_with(torch.compile(model, backend=_torchair_backend(False),
+                                             dynamic=True, fullgraph=True),
+                               {_mm.ENV_SWITCH: "0"})
+        describe = (f"torchair path 4 built with {_mm.ENV_SWITCH}=0: its products are ATen's mm, "
+                    f"not torchair_native::gemv")
     elif name == "torchair-nodynamo":
         compiled = _NoDynamo().bind(model)
         describe = ("torchair path 4's compiled function called directly with Dynamo's flat "
@@ -382,6 +394,29 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
     else:
         raise ValueError(name)
     return Variant(name, describe, compiled, k_caches, v_caches, before_call)
+
+
+def _built_with(compiled: Callable, env: dict[str, str]) -> Callable:
+    """``compiled`` whose first (compiling) call runs with ``env`` set in ``os.environ``; the
+    variables are put back after it."""
+    built: list[bool] = []
+
+    def call(*args):
+        if built:
+            return compiled(*args)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return compiled(*args)
+        finally:
+            built.append(True)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    return call
 
 
 def reset_caches(variant: Variant, init_k: list[torch.Tensor],
@@ -704,7 +739,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="default float32 on CPU, float16 on CUDA")
     p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS, default=None,
-                   help="default: all (reduce-overhead only on CUDA); eager is always included")
+                   help="default: all (reduce-overhead only on CUDA, torchair-mm only on CPU); eager is always included")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: leave torch's default)")
@@ -736,8 +771,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--hidden must be a multiple of --heads, and --heads of --kv-heads")
     if args.dtype is None:
         args.dtype = "float16" if args.device == "cuda" else "float32"
-    variants = args.variants or [v for v in ALL_VARIANTS
-                                 if v != "reduce-overhead" or args.device == "cuda"]
+    skip = _CPU_ONLY if args.device == "cuda" else _CUDA_ONLY
+    variants = args.variants or [v for v in ALL_VARIANTS if v not in skip]
     args.variants = ["eager"] + [v for v in dict.fromkeys(variants) if v != "eager"]
     return args
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -137,3 +138,28 @@ def test_roofline_helpers():
     wide = GemvFloor.of_module(lin.to(torch.float64), batch=_mm.MIN_ROWS)
     assert [name for name, _ in wide.calls] == ["F.linear", "F.linear"]
     wide()
+
+
+def test_torchair_mm_variant_builds_with_the_switch_off(monkeypatch):
+    """``torchair-mm``: the compiling (first) call sees TORCHAIR_SMALL_GEMM=0, later calls and
+    the rest of the process see the environment as it was."""
+    bench = _load("bench_decode_step")
+    monkeypatch.setenv(_mm.ENV_SWITCH, "1")
+    seen = []
+
+    def compiled(x):
+        seen.append(os.environ.get(_mm.ENV_SWITCH))
+        if x == "boom":
+            raise RuntimeError(x)
+        return x
+
+    call = bench._built_with(compiled, {_mm.ENV_SWITCH: "0"})
+    assert call(1) == 1 and call(2) == 2
+    assert seen == ["0", "1"] and os.environ[_mm.ENV_SWITCH] == "1"
+    monkeypatch.delenv(_mm.ENV_SWITCH)
+    failing = bench._built_with(compiled, {_mm.ENV_SWITCH: "0"})
+    with pytest.raises(RuntimeError):
+        failing("boom")
+    assert _mm.ENV_SWITCH not in os.environ  # put back even when the first call raised
+    assert "torchair-mm" in bench.ALL_VARIANTS
+    assert "torchair-mm" in bench.parse_args(["--device", "cpu"]).variants
