@@ -44,12 +44,12 @@ __all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "bind_static_unit"
 
 # Rows of x a static unit's products are bound for. bench/bench_small_gemm.py on the 2-core
 # AVX-512 VM of bench/results (the decode bench's 14 weights, 23 MiB): at 1-3 rows ATen's F.linear
-# already streams the weights at the read bandwidth (the kernel: equal at 1-2 rows, 0.83x at 3);
-# the kernel is 1.24-1.58x faster at 4-16 rows, 1.17x at 32, equal at 48 and slower at 64 (a
-# BLAS's blocked GEMM wins once arithmetic dominates).
+# already streams the weights at the read bandwidth (the kernel: 0.94-1.02x at 1-2 rows, 0.83x
+# at 3); the kernel is 1.23-1.66x faster at 4-16 rows, 1.16-1.17x at 32, equal at 48 and slower
+# at 64 (a BLAS's blocked GEMM wins once arithmetic dominates).
 MIN_ROWS = 4
 MAX_ROWS = 32
-ENV_SWITCH = "TORCHAIR_SMALL_GEMM"  # 0: static units keep ATen's mm (bit-exact with eager)
+ENV_SWITCH = "TORCHAIR_SMALL_GEMM"  # 0: static units keep ATen's mm (eager's products, bit for bit)
 _SYMBOLS = ("torchair_gemm_register", "torchair_gemm_vector_bits")
 _lock = threading.Lock()
 _result: bool | None = None

@@ -63,16 +63,16 @@ try:
 except ImportError:  # not POSIX: builds are still atomic, only not deduplicated
     fcntl = None
 
-__all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "abi_number", "cache_dir", "cpu_signature",
-           "enabled", "load", "write_private"]
+__all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "abi_number", "cache_dir",
+           "cpu_signature", "enabled", "load", "write_private"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp", "-fPIC",
          "-shared")
 # C++ sources: PyTorch operators (``TORCH_LIBRARY``), linked against this process's torch;
-# -fopenmp makes ``at::parallel_for`` in them parallel (without it the header's OpenMP pragma is
-# ignored and the loop runs on one thread)
+# -fopenmp makes their OpenMP loops (``#pragma omp``, ``at::parallel_for``) parallel: without it
+# the pragmas are ignored and the loops run on one thread
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fopenmp", "-fPIC", "-shared")
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 _RECORD_FORMAT = "torchair.native_kernel"
