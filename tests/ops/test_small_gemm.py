@@ -305,6 +305,9 @@ def test_a_warm_library_that_calls_the_kernel_registers_it_first(tmp_path, monke
     library, calls = tmp_path / "unit.so", tmp_path / engines.LIBRARY_OPS
     _calls_file(calls, "torchair_native::gemv", "torchair_native::gemv", "npu::other")
     assert engines.library_calls(library) == ["torchair_native::gemv"] * 2 + ["npu::other"]
+    assert engines.GEMV_OP == _mm.gemv()._schema.name
+    assert engines.bound_calls(engines.library_calls(library)) == (0, 2)
+    assert engines.bound_calls(["torchair_native::fia_prompt", "torchair_native::gemv"]) == (1, 1)
     asked = []
     monkeypatch.setattr(_mm, "available", lambda: asked.append("gemv") or True)
     monkeypatch.setattr(_launch, "available", lambda: asked.append("launch") or True)

@@ -449,22 +449,33 @@ def library_calls(path: str | os.PathLike) -> list[str]:
                            f"ahead-of-time library ({type(exc).__name__}: {exc})") from exc
 
 
+GEMV_OP = "torchair_native::gemv"  # torchair.ops.matmul.cpu's; every other torchair_native op
+# a library calls is an attention launch kernel (torchair.ops.attention.cpu.launch)
+
+
+def bound_calls(calls: Sequence[str]) -> tuple[int, int]:
+    """``(attention launch-kernel calls, few-row product calls)`` among a library's custom-op
+    calls (:func:`library_calls`)."""
+    gemv = sum(c == GEMV_OP for c in calls)
+    return sum(c.startswith("torchair_native::") for c in calls) - gemv, gemv
+
+
 def _load_launch_kernels(path: str) -> None:
     """Register torchair's launch kernels (:mod:`torchair.ops.attention.cpu.launch`,
     :mod:`torchair.ops.matmul.cpu`) before PyTorch's runner resolves the custom ops that the
     library at ``path`` calls, when it calls them."""
-    calls = {c for c in library_calls(path) if c.startswith("torchair_native::")}
-    if not calls:
+    launch, gemv = bound_calls(library_calls(path))
+    if not (launch or gemv):
         return
     from torchair.ops.attention.cpu import launch as _launch
     from torchair.ops.matmul import cpu as _matmul
 
-    if "torchair_native::gemv" in calls and not _matmul.available():
+    if gemv and not _matmul.available():
         raise RuntimeError(f"{path} calls torchair's C++ small-product kernel "
                            f"(torchair_native::gemv), which could not be built or loaded here "
                            f"(a C++ compiler, TORCHAIR_NATIVE_KERNELS=0, a CPU without AVX2?; see "
                            f"the warnings above); rebuild the cache entry on this machine")
-    if calls - {"torchair_native::gemv"} and not _launch.available():
+    if launch and not _launch.available():
         raise RuntimeError(f"{path} calls torchair's C++ launch kernels (torchair_native ops), "
                            f"which could not be built or loaded here (a C/C++ compiler, "
                            f"TORCHAIR_NATIVE_KERNELS=0?; see the warnings above); rebuild the "

@@ -29,8 +29,6 @@ from torchair.runtime.staging import InputStager, SunkScalars
 # the engines that compile with Inductor (which may order independent ops differently from the
 # program); every other engine is the FX engine
 _INDUCTOR_ENGINES = ("inductor", _engines.CPP_ENGINE, _engines.AOT_ENGINE)
-# the ops bind_static_unit binds attention calls to (counted as the report's launch_kernels)
-_LAUNCH_OPS = ("torchair_native::ifa_decode", "torchair_native::fia_prompt")
 
 _capture_override: list[str | None] = []
 
@@ -213,9 +211,9 @@ class StaticUnit:
             try:
                 engine = _engines.load_library(self.library, str(_device_of(unit_args)))
                 self.engine_name = _engines.AOT_ENGINE
-                calls = _engines.library_calls(self.library)  # what the build bound, counted
-                self.report.small_products = calls.count("torchair_native::gemv")
-                self.report.launch_kernels = sum(c in _LAUNCH_OPS for c in calls)
+                # what the build bound, counted
+                self.report.launch_kernels, self.report.small_products = _engines.bound_calls(
+                    _engines.library_calls(self.library))
                 return engine
             except RuntimeError as exc:
                 logger.warning("%s: the cached library could not be run (%s); compiling the "

@@ -162,16 +162,17 @@ def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     ``torchair_native::gemv`` calls (module doc), and how many were rewritten; ``(gm, 0)``,
     ``gm`` itself, when there are none or the kernel is not available. ``gm`` is never
     changed."""
-    found = [n for n in gm.graph.nodes if n.op == "call_function" and _bindable(n) is not None]
+    found = [(n, operands) for n in gm.graph.nodes
+             if n.op == "call_function" and (operands := _bindable(n)) is not None]
     if not found or not env_switch(ENV_SWITCH) or not available():
         return gm, 0
     graph = fx.Graph()
     copies: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, copies))
     op, abi = gemv(), _native.abi_number(gemv())
-    for old in found:
+    for old, operands in found:
         node = copies[old]
-        x, w_t, bias = (copies[a] if isinstance(a, fx.Node) else a for a in _bindable(old))
+        x, w_t, bias = (copies[a] if isinstance(a, fx.Node) else a for a in operands)
         with graph.inserting_before(node):
             new = graph.call_function(op, (x, w_t, bias, abi))
         new.meta = dict(node.meta)
