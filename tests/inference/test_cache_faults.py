@@ -251,3 +251,33 @@ def test_damaged_ahead_of_time_library_in_an_entry_is_rebuilt(tmp_path):
     with pytest.raises(store.BrokenCacheError, match="unit.so"):
         store.read_entry(entry)
     assert pathlib.Path(library).exists()
+
+
+def test_a_failed_ahead_of_time_build_is_not_saved_as_complete(tmp_path, monkeypatch, torchair_log):
+    """ge_cache: when AOTInductor cannot build the library (a full disk: ENOSPC), the unit is
+    compiled in-process and the call is served, but the entry is not saved: saved without its
+    ``unit.so`` it looked complete and made every later warm start compile again, silently."""
+    import torch._inductor
+
+    from torchair.runtime import engines
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", full_disk)
+    # the in-process fallback build: the FX engine stands in for Inductor (seconds, not 15 s)
+    monkeypatch.setattr(engines, "inductor_engine",
+                        lambda gm, example_inputs, what, **kw: (engines.fx_engine(gm), "inductor"))
+    config = torchair.CompilerConfig()  # the Inductor engine: static units are built ahead of time
+    model = Model()
+    cached = cache_compile(model.step, config=config, cache_dir=str(tmp_path / "c"),
+                           ge_cache=True, dynamic=False)
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(cached(x), model.step(x))
+    warnings = _warnings(torchair_log)
+    assert any("AOTInductor could not build the graph (OSError" in w for w in warnings), warnings
+    assert any(NOT_CACHED in w and "ahead-of-time build (ge_cache) did not finish" in w
+               and "No space left on device" in w for w in warnings), warnings
+    assert not list((tmp_path / "c").rglob("meta.json"))  # no entry, complete or not
+    assert not list((tmp_path / "c").rglob("unit-*"))  # and no build leftovers

@@ -30,6 +30,8 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from torchair.core.function_modes import register_cacheable_mode
+
 __all__ = ["NpuDeviceMode", "make_device_class", "npu_string", "pop_mode", "route_factories",
            "routes_factories_after_compile", "unroute_factories"]
 
@@ -73,8 +75,9 @@ class NpuDeviceMode(TorchFunctionMode):
             kwargs = {}
         elif "device" in kwargs:
             mapped = npu_string(self.base, kwargs["device"])
-            if mapped is not None:
-                kwargs = dict(kwargs, device=mapped)
+            if mapped is not None:  # (not dict(kwargs, device=...): Dynamo traces that
+                kwargs = kwargs.copy()  # through a polyfill it then guards on)
+                kwargs["device"] = mapped
         if func is _POSITIONAL[0] or func is _POSITIONAL[1] or func is _POSITIONAL[2]:
             args = tuple(self._map(a) for a in args)
         elif func is _RECORD_STREAM and self.host_stream_type is not None and len(args) == 2 \
@@ -85,6 +88,11 @@ class NpuDeviceMode(TorchFunctionMode):
     def _map(self, arg: Any) -> Any:
         mapped = npu_string(self.base, arg)
         return arg if mapped is None else mapped
+
+
+# What the mode does to a traced call depends only on its attributes (the device playing the NPU,
+# the host stream type): cache_compile may serve graphs traced under an equal mode.
+register_cacheable_mode(NpuDeviceMode)
 
 
 # Factories that eager hands to torch-function modes but torch 2.11's Dynamo does not: it routes a

@@ -4,7 +4,8 @@ The entry directory's hash covers what is known before tracing: the module's cla
 structure (submodule types, parameter and buffer names, shapes, dtypes), ``func``'s source, the
 compile config, ``dynamic``, custom decompositions, the user's fusion patterns (names and
 sources), torch / Python versions, a hash of torchair's own sources (passes, patterns, kernels)
-and the device kind; with ``ge_cache`` (an entry holding a library compiled for this machine)
+the device kind and the torch-function modes the call runs under (the torch_npu
+emulation's device mapping); with ``ge_cache`` (an entry holding a library compiled for this machine)
 also the CPU's model and feature flags and ``$ATEN_CPU_CAPABILITY``. Functions Dynamo inlines
 while tracing are only known afterwards: the entry records their source files with hashes, and
 a warm start checks them (any change: rebuild). The guards Dynamo produced are recorded in the
@@ -12,6 +13,7 @@ entry and checked on every warm call (:mod:`torchair.inference._guard_eval`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -93,6 +95,21 @@ def cpu_signature() -> str:
     return _sha(_native.cpu_signature() + "\nATEN_CPU_CAPABILITY=" + capability)[:16]
 
 
+def mode_tags() -> list[str]:
+    """The cacheable torch-function modes the call runs under (the torch_npu emulation's device
+    mode: the device playing the NPU), so an entry traced under one device mapping lives apart
+    from one traced under another or none. Other modes (a user's, ``with torch.device(...)``)
+    are left out: the entry's TORCH_FUNCTION_MODE_STACK check refuses them on warm calls, and a
+    cold start under one does not cache (see :mod:`torchair.inference._guards`)."""
+    from torchair.core import function_modes
+
+    tags = []
+    for mode in function_modes.stack_modes():
+        with contextlib.suppress(function_modes.UnknownMode):
+            tags.append(function_modes.tag_of(mode))
+    return tags
+
+
 def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict | None,
               ge_cache: bool = False) -> dict:
     module = func.__self__
@@ -111,6 +128,7 @@ def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict |
         "torchair": torchair.__version__,
         "torchair_sources": torchair_source_hash(),
         "device": device_kind(module),
+        "function_modes": mode_tags(),
     }
     if ge_cache:  # the entry may hold native code built for this machine
         parts["cpu"] = cpu_signature()

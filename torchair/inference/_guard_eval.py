@@ -35,6 +35,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from torchair.core import function_modes
+
 __all__ = ["ADVISORY_KINDS", "Globals", "GuardSet", "Sources", "UnsupportedGuard",
            "compile_expression", "describe_object", "global_state", "module_epoch",
            "source_slot"]
@@ -259,6 +261,20 @@ def _cudnn_tf32() -> bool | str:
 
 def _mode_stack_depth() -> int:
     return int(torch._C._len_torch_function_stack())
+
+
+def _stack_text() -> str:
+    """The current torch-function mode stack, for a warning."""
+    modes = function_modes.stack_modes()
+    if not modes:
+        return "now no mode"
+    texts = []
+    for mode in modes:
+        try:
+            texts.append(function_modes.tag_of(mode))
+        except function_modes.UnknownMode as unknown:
+            texts.append(str(unknown))
+    return "now " + ", ".join(texts)
 
 
 # ------------------------------------------------------------------------- compilation
@@ -777,6 +793,8 @@ class GuardSet:
         self.guards: list[_Guard] = []
         self.state: dict | None = None
         self.modes: int | None = None
+        self.mode_tags: list[str] = []  # tags of the (cacheable) modes traced under
+        self._modes_seen: tuple = ()  # the mode objects whose tags matched last
         for rec in records:
             kind = rec["kind"]
             if rec.get("advisory"):
@@ -785,6 +803,7 @@ class GuardSet:
                 self.state = rec["state"]
             elif kind == "TORCH_FUNCTION_MODE_STACK":
                 self.modes = int(rec["depth"])
+                self.mode_tags = list(rec.get("modes", ()))
             else:
                 for code in rec["code"]:
                     read: set[int] = set()
@@ -810,9 +829,36 @@ class GuardSet:
     def __len__(self) -> int:
         return len(self.guards)
 
+    def _modes_differ(self) -> str:
+        """Why this thread's torch-function mode stack is not the one traced under ("" when it
+        is): the same depth, and each mode a registered one with an equal tag."""
+        if self.modes is None:
+            return ""
+        if _mode_stack_depth() != self.modes:
+            if not self.modes:
+                return "a TorchFunctionMode is active (e.g. torch.device as a context manager)"
+            return (f"the TorchFunctionMode stack differs from the one traced under "
+                    f"({', '.join(self.mode_tags)}): {_stack_text()}")
+        if not self.modes:
+            return ""
+        modes = function_modes.stack_modes()
+        if len(modes) == len(self._modes_seen) and all(
+                a is b for a, b in zip(modes, self._modes_seen)):
+            return ""
+        try:
+            tags = function_modes.stack_tags(modes)
+        except function_modes.UnknownMode:
+            tags = None
+        if tags != self.mode_tags:
+            return (f"the TorchFunctionMode stack differs from the one traced under "
+                    f"({', '.join(self.mode_tags)}): {_stack_text()}")
+        self._modes_seen = modes
+        return ""
+
     def _process_state(self) -> str:
-        if self.modes is not None and _mode_stack_depth() != self.modes:
-            return "a TorchFunctionMode is active (e.g. torch.device as a context manager)"
+        why = self._modes_differ()
+        if why:
+            return why
         if self.state is not None:
             now = global_state()
             if now != self.state:
@@ -914,7 +960,8 @@ class GuardSet:
         ignores, such as the thread count) falls back to the full comparison."""
         if self.state is None:
             return self._process_state()
-        if self.modes is not None and _mode_stack_depth() != self.modes:
+        if self.modes is not None and (_mode_stack_depth() != self.modes or self.modes and
+                                       self._modes_differ()):
             return self._process_state()
         if (self._state_snapshot is not None and self._state_snapshot.check()
                 and _snapshot_blind_spots() == self._blind_spots):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+from torchair.core import function_modes
 from torchair.inference._guard_eval import (ADVISORY_KINDS, Globals, GuardSet, Sources,
                                             UnsupportedGuard,
                                             describe_object, global_state, source_slot)
@@ -93,13 +94,13 @@ def _record(kind: str, source: str, parts: list[str], manager: Any, frame: dict,
     elif any(_SAVED_HOOKS in c for c in code):
         rec["advisory"] = "saved-tensor hooks act on autograd graphs; cached graphs run " \
                           "under torch.no_grad()"
+    elif _on_cacheable_mode(source, code):
+        rec["advisory"] = "the torch_npu emulation's device mode (or one of its attributes): " \
+                          "implied by the TorchFunctionMode stack check of its tags"
     elif kind == "GLOBAL_STATE":
         rec["state"] = global_state()
     elif kind == "TORCH_FUNCTION_MODE_STACK":
-        rec["depth"] = _mode_depth()
-        if rec["depth"]:
-            raise UnsupportedGuard("the function was traced under a TorchFunctionMode "
-                                   "(TORCH_FUNCTION_MODE_STACK); a cached graph cannot restore it")
+        rec["depth"], rec["modes"] = _mode_stack()
     elif code and code[0].startswith("___check_fake_script_type(") and _is_process_group(
             source, frame, globals_):
         rec["advisory"] = "the script type of a ProcessGroup: implied by its ID_MATCH"
@@ -120,10 +121,41 @@ def _record(kind: str, source: str, parts: list[str], manager: Any, frame: dict,
 _SAVED_HOOKS = "top_saved_tensors_hooks"
 
 
-def _mode_depth() -> int:
-    import torch
+# A guard on a mode of the stack, or on one attribute of it (`.base == 'cpu'`, read by the mode's
+# __torch_function__ while tracing).
+_MODE_SOURCE = re.compile(r"___get_torch_function_mode_stack_at\((\d+)\)(\.[A-Za-z_]\w*)?")
 
-    return int(torch._C._len_torch_function_stack())
+
+def _on_cacheable_mode(source: str, code: list[str]) -> bool:
+    """Whether a guard reads only a registered (cacheable) mode of the stack or one of its
+    instance attributes: the mode's tag holds its class and every instance attribute, and the
+    TORCH_FUNCTION_MODE_STACK record checks the tags on warm calls."""
+    match = _MODE_SOURCE.fullmatch(source)
+    if match is None or any("L[" in c or "G[" in c for c in code):
+        return False
+    modes = function_modes.stack_modes()
+    index = int(match.group(1))
+    if index >= len(modes):
+        return False
+    try:
+        function_modes.tag_of(modes[index])
+    except function_modes.UnknownMode:
+        return False
+    attr = match.group(2)
+    return attr is None or attr[1:] in vars(modes[index])
+
+
+def _mode_stack() -> tuple[int, list[str]]:
+    """The depth of the torch-function mode stack and the tags of its modes. Modes registered
+    as cacheable (the torch_npu emulation's device mode) are described by their tags and
+    checked on warm calls; any other mode makes the function uncacheable."""
+    modes = function_modes.stack_modes()
+    try:
+        return len(modes), function_modes.stack_tags(modes)
+    except function_modes.UnknownMode as unknown:
+        raise UnsupportedGuard(f"the function was traced under a TorchFunctionMode ({unknown}; "
+                               f"TORCH_FUNCTION_MODE_STACK) that a cached graph cannot restore; "
+                               f"only torchair's torch_npu emulation mode is cacheable") from None
 
 
 def _is_process_group(source: str, frame: dict, globals_: dict) -> bool:

@@ -289,8 +289,8 @@ class CachedFunction:
         logger.info("cache_compile(%s): loaded %s (no Dynamo trace; %d guards, %s)", self.name,
                     self.entry, len(runtime.guards), _GUARD_MODES[self.guard_mode])
         self.vec_isa = runtime.meta.get("vec_isa")
-        if not _has_library(runtime.meta["unit"]):  # an Inductor unit builds again
-            runtime.first_call_context = self._warm_build
+        if not _has_library(runtime.meta["unit"]) and not _fx_only(runtime.meta):
+            runtime.first_call_context = self._warm_build  # an Inductor unit builds again
         return runtime
 
     def _discard(self) -> None:
@@ -320,7 +320,7 @@ class CachedFunction:
                                       fullgraph=True, **self.compile_kwargs)
         with self._build_dir(entry) as build, _releasing(state):
             try:
-                with recorder.recording() as records, _ahead_of_time(build):
+                with recorder.recording() as records, _ahead_of_time(build, state):
                     state.records = records
                     result = self.compiled(*args, **kwargs)
             except torch._dynamo.exc.Unsupported as error:
@@ -344,6 +344,10 @@ class CachedFunction:
         try:
             if state.not_cacheable:
                 raise NotCacheable(state.not_cacheable)
+            if state.aot_failures:  # saved, every warm start would compile in-process again
+                raise NotCacheable(f"the ahead-of-time build (ge_cache) did not finish "
+                                   f"({state.aot_failures[0]}); the next process compiles "
+                                   f"and tries to save again")
             frame = self.frame(args, kwargs)
             guards = _guards.harvest(_guards.new_entry(code, before), frame, self.frame.globals)
             why, _ = GuardSet([], [w[0] for w in state.writes]).check(frame, self.frame.globals)
@@ -465,6 +469,17 @@ def _guard_mode() -> str:
     return mode
 
 
+def _fx_only(meta: dict) -> bool:
+    """Whether every launch unit of the entry runs on the FX engine (``debug.run_eagerly``, or
+    static units built by it): no Inductor build, so no vector-ISA pick to restore (and no
+    Inductor import) on a warm start."""
+    if meta["key"]["config"].get("debug.run_eagerly") is True:
+        return True
+    unit = meta["unit"]
+    units = unit["gears"] if unit["kind"] == "gears" else [unit]
+    return bool(units) and all(u.get("engine") == "fx" for u in units)
+
+
 def _has_library(unit: dict) -> bool:
     if unit["kind"] == "gears":
         return bool(unit["gears"]) and all(g.get("library") for g in unit["gears"])
@@ -472,11 +487,12 @@ def _has_library(unit: dict) -> bool:
 
 
 @contextlib.contextmanager
-def _ahead_of_time(build: str | None) -> Iterator[None]:
+def _ahead_of_time(build: str | None, state: _ColdState) -> Iterator[None]:
     if build is None:
         yield
         return
-    with engines.ahead_of_time(os.path.join(build, "aot")):
+    with engines.ahead_of_time(os.path.join(build, "aot")) as failures:
+        state.aot_failures = failures
         yield
 
 
@@ -603,6 +619,7 @@ def _known_vec_isa(recorded: str | None) -> Iterator[None]:
 class _ColdState:
     def __init__(self) -> None:
         self.compiles = 0
+        self.aot_failures: list[str] = []  # ge_cache: libraries that failed to build
         self.sources: list[str] = []
         self.shapes: list[Any] = []  # per graph input: a shape, None for a SymInt
         self.code_files: list[str] = []

@@ -44,6 +44,9 @@ CPP_ENGINE = "inductor-cpp"  # Inductor's kernels called from its C++ wrapper
 
 _aot_dir: contextvars.ContextVar[str | None] = contextvars.ContextVar("torchair_aot_dir",
                                                                      default=None)
+# the ahead-of-time builds that failed inside the current ahead_of_time() block
+_aot_failures: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "torchair_aot_failures", default=None)
 
 
 def fx_engine(gm: fx.GraphModule) -> Engine:
@@ -353,12 +356,18 @@ def compiled_entry(engine: Engine) -> tuple[Callable[[list], Any], tuple] | None
 
 
 @contextlib.contextmanager
-def ahead_of_time(directory: str | os.PathLike) -> Iterator[None]:
-    """Static units built inside this block compile with AOTInductor into ``directory``."""
+def ahead_of_time(directory: str | os.PathLike) -> Iterator[list[str]]:
+    """Static units built inside this block compile with AOTInductor into ``directory``.
+
+    Yields a list that collects one line per build that failed (and fell back to the in-process
+    Inductor build): a cache must not keep such a unit as if its library were built."""
+    failures: list[str] = []
     token = _aot_dir.set(os.fspath(directory))
+    failed = _aot_failures.set(failures)
     try:
-        yield
+        yield failures
     finally:
+        _aot_failures.reset(failed)
         _aot_dir.reset(token)
 
 
@@ -389,9 +398,10 @@ def aot_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, dir
         return engine, name, {}
     from torch._inductor import aot_compile
 
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    out = tempfile.mkdtemp(dir=directory, prefix="unit-")  # this unit's files (the caller keeps)
-    try:
+    out = None
+    try:  # (a full disk fails here as well as in the build)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        out = tempfile.mkdtemp(dir=directory, prefix="unit-")  # the unit's files (caller keeps)
         with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
             library = os.path.join(tmp, LIBRARY)
             with progress(f"{what}: compiling a shared library with AOTInductor"), \
@@ -406,10 +416,14 @@ def aot_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, dir
                 shutil.move(os.fspath(calls[0]), files[LIBRARY_OPS])
         engine = load_library(files[LIBRARY], _device(example_inputs))
     except Exception as exc:  # noqa: BLE001 - any AOT failure: the in-process Inductor build
-        shutil.rmtree(out, ignore_errors=True)
+        if out is not None:
+            shutil.rmtree(out, ignore_errors=True)
         logger.warning("%s: AOTInductor could not build the graph (%s: %s); compiling it "
                        "in-process instead (a warm start will compile again)", what,
                        type(exc).__name__, exc)
+        failures = _aot_failures.get()
+        if failures is not None:
+            failures.append(f"{what}: {type(exc).__name__}: {exc}")
         engine, name = inductor_engine(gm, example_inputs, what)
         return engine, name, {}
     return engine, AOT_ENGINE, files

@@ -1,0 +1,243 @@
+"""``cache_compile`` inside ``torchair run`` / ``emulate_npu()``: the emulation's device mode is a
+known, repeatable TorchFunctionMode, so entries traced under it are saved and served, while an
+entry built under one device mapping never serves another (none, or another device), and any
+other mode is still refused.
+
+The Ascend-style script follows seed 001's cache_compile pattern: one module, a prefill and a
+decode method each wrapped in ``cache_compile``, ``forward`` choosing by the query length,
+``"npu:0"`` devices, ``torch_npu`` ops. It runs twice in two processes; the second must compile
+zero Dynamo graphs and return the same outputs.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import torchair
+from torchair.compat import emulate_npu
+from torchair.compat._mode import NpuDeviceMode
+from torchair.compat._streams import HostStream
+from torchair.inference import _cache_key as keys
+from torchair.inference import cache_compile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SCRIPT = '''
+import json, sys
+try:
+    import torch_npu  # the emulation's under `torchair run`; absent under plain python
+    DEV = "npu:0"
+except ImportError:
+    torch_npu = None
+    DEV = "cpu"
+import torch
+import torchair
+
+CACHE, MODE = sys.argv[1], sys.argv[2]
+
+
+def rms_norm(x, w):
+    if torch_npu is not None:
+        return torch_npu.npu_rms_norm(x, w)[0]
+    return torch.ops.npu.npu_rms_norm(x, w)[0]
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.norm_w = torch.nn.Parameter(torch.rand(16) + 0.5)
+        fx = torchair.CompilerConfig()
+        fx.debug.run_eagerly = True
+        ge = MODE == "ge"
+        # ge_cache: the decode step is a static unit built ahead of time (Inductor engine)
+        self.cached_prefill = torchair.inference.cache_compile(
+            self.prefill, config=fx, cache_dir=CACHE, ge_cache=ge)
+        self.cached_decode = torchair.inference.cache_compile(
+            self.decode, config=torchair.CompilerConfig() if ge else fx, cache_dir=CACHE,
+            ge_cache=ge, dynamic=not ge)
+
+    def forward(self, x, kv, pos):
+        if x.size(1) > 1:
+            return self.cached_prefill(x, kv)
+        return self.cached_decode(x, kv, pos)
+
+    def prefill(self, x, kv):
+        h = rms_norm(self.proj(x), self.norm_w)
+        kv[:, : x.size(1)] = h
+        return h.sum(-1)
+
+    def decode(self, x, kv, pos):
+        h = rms_norm(self.proj(x), self.norm_w)
+        kv.index_copy_(1, pos, h)
+        bias = torch.ones(1, device=DEV)
+        return (h * kv[:, :4].mean(1, keepdim=True)).sum(-1) + bias
+
+
+torch.manual_seed(0)
+model = Model().to(DEV).eval()
+kv = torch.zeros(2, 8, 16, device=DEV)
+prompt = torch.randn(2, 4, 16).to(DEV)
+with torch.no_grad():
+    outs = [model(prompt, kv, None)]
+    for step in range(3):
+        token = torch.randn(2, 1, 16, device=DEV)
+        outs.append(model(token, kv, torch.tensor([4 + step], device=DEV)))
+dynamo_before = "torch._dynamo" in sys.modules
+import torch._dynamo.utils
+print(json.dumps({"outs": [o.tolist() for o in outs], "kv": kv.sum().item(),
+                  "device": str(kv.device), "dynamo_imported": dynamo_before,
+                  "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"]}))
+'''
+
+
+def _run(tmp_path, *argv, emulated=True):
+    script = tmp_path / "ascend_step.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "torchair", "run", "--device", "cpu"] if emulated else \
+        [sys.executable]
+    env = dict(os.environ, TORCHAIR_LOG_LEVEL="INFO",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([*cmd, str(script), str(tmp_path / "cache"), *argv],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def _entries(tmp_path):
+    return sorted(p.parent for p in (tmp_path / "cache").rglob("meta.json"))
+
+
+def _check_cold_then_warm(tmp_path, mode):
+    cold, cold_log = _run(tmp_path, mode)
+    assert "not cached" not in cold_log, cold_log
+    assert cold["graphs"] == 2 and cold_log.count("cache_compile(Model.") >= 2
+    assert len(_entries(tmp_path)) == 2, cold_log
+    warm, warm_log = _run(tmp_path, mode)
+    assert warm["graphs"] == 0, warm_log  # Dynamo traced nothing in the warm process
+    assert not warm["dynamo_imported"], warm_log  # nor was it imported before the script's print
+    assert warm_log.count("loaded ") == 2 and "WARNING" not in warm_log, warm_log
+    assert warm["outs"] == cold["outs"] and warm["kv"] == cold["kv"]
+    assert warm["device"] == "cpu"
+    return cold, warm, warm_log
+
+
+@pytest.fixture(scope="module")
+def fx_entries(tmp_path_factory):
+    """The FX-engine script run cold and warm under `torchair run` (one cache for the module)."""
+    tmp_path = tmp_path_factory.mktemp("fx")
+    return (tmp_path, *_check_cold_then_warm(tmp_path, "fx"))
+
+
+def test_torchair_run_warm_start_compiles_no_graph(fx_entries):
+    tmp_path, cold, warm, _ = fx_entries
+    assert len(cold["outs"]) == 4 and warm["outs"] == cold["outs"]
+
+
+@pytest.mark.inductor
+def test_torchair_run_warm_start_with_ge_cache_runs_the_library(tmp_path):
+    _, _, warm_log = _check_cold_then_warm(tmp_path, "ge")
+    assert "(from cache_compile)" in warm_log  # the decode unit: the library, not a new build
+    assert any((entry / "unit.so").is_file() for entry in _entries(tmp_path))
+
+
+def test_an_entry_built_under_the_emulation_does_not_serve_a_plain_process(fx_entries):
+    """The same script (same module, same method sources) cold under `torchair run` and then
+    under plain python, where "npu" is not mapped and DEV is "cpu": the plain process must not
+    be served the emulated entry; it builds (and saves) its own, and computes the same."""
+    tmp_path, emulated, _, _ = fx_entries
+    plain, plain_log = _run(tmp_path, "fx", emulated=False)
+    assert plain["graphs"] == 2 and "loaded " not in plain_log, plain_log
+    assert plain["outs"] == emulated["outs"]
+    assert len(_entries(tmp_path)) == 4  # two keys: under the emulation and without
+    again, again_log = _run(tmp_path, "fx", emulated=False)
+    assert again["graphs"] == 0 and again_log.count("loaded ") == 2, again_log
+
+
+class Step(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(8, 8)
+
+    def step(self, x):
+        return self.linear(x).relu() * 2
+
+
+def _fx():
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = True
+    return config
+
+
+def test_the_key_separates_device_mappings():
+    """Cold under `--device cpu`, warm under `--device cuda` or without the emulation: three keys
+    (the device mode's tag names the device playing the NPU). A user's own mode is not part of
+    the key (its calls are refused by the entry's mode-stack check instead)."""
+    model = Step()
+
+    def key():
+        return keys.key_hash(keys.key_parts(model.step, _fx(), True, None))
+
+    plain = key()
+    with emulate_npu("cpu"):
+        on_cpu = key()
+    with NpuDeviceMode("cuda"):  # the mode `torchair run --device cuda` installs
+        on_cuda = key()
+    with NpuDeviceMode("cpu", HostStream):
+        assert key() == on_cpu  # the same mapping, another mode object: the same key
+    with _UserMode():
+        assert key() == plain
+    assert len({plain, on_cpu, on_cuda}) == 3
+
+
+class _UserMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _warnings(log):
+    return [r.getMessage() for r in log if r.levelname == "WARNING"]
+
+
+def test_a_served_entry_refuses_another_device_mapping_in_process(tmp_path, torchair_log):
+    """Served under the emulation, then called under a device mode of another mapping (same
+    depth) and with no mode at all: neither call may run the cached graph; each falls back to
+    Dynamo with a warning that names the mode stack, and equals eager."""
+    model = Step()
+    with emulate_npu("cpu"):
+        cached = cache_compile(model.step, config=_fx(), cache_dir=str(tmp_path / "c"))
+        x = torch.randn(3, 8)
+        with torch.no_grad():
+            assert torch.equal(cached(x), model.step(x))
+            assert torch.equal(cached(x + 1), model.step(x + 1))  # served from the entry
+    assert not _warnings(torchair_log)
+    with torch.no_grad(), NpuDeviceMode("meta"):  # another device plays the NPU
+        assert torch.equal(cached(x), model.step(x))
+    with torch.no_grad():
+        assert torch.equal(cached(x), model.step(x))
+    warnings = [w for w in _warnings(torchair_log) if "does not fit the cached graph" in w]
+    assert len(warnings) == 2, _warnings(torchair_log)
+    assert "TorchFunctionMode stack differs" in warnings[0] and "base='meta'" in warnings[0]
+    assert "base='cpu'" in warnings[0]
+    assert "TorchFunctionMode stack differs" in warnings[1] and "now no mode" in warnings[1]
+
+
+def test_another_mode_under_the_emulation_is_still_refused(tmp_path, torchair_log):
+    """A user's TorchFunctionMode on top of the emulation's: compiled, not cached, naming it."""
+    model = Step()
+    with emulate_npu("cpu"):
+        cached = cache_compile(model.step, config=_fx(), cache_dir=str(tmp_path / "c"))
+        x = torch.randn(3, 8)
+        with torch.no_grad(), _UserMode():
+            assert torch.equal(cached(x), model.step(x))
+    warnings = _warnings(torchair_log)
+    assert any("compiled, not cached" in w and "_UserMode" in w
+               and "only torchair's torch_npu emulation mode is cacheable" in w
+               for w in warnings), warnings
+    assert not list((tmp_path / "c").rglob("meta.json"))
