@@ -8,7 +8,9 @@ Installed by :func:`~torchair.compat.emulate_npu` and undone by its ``restore()`
   CUDA. A missing ``timeout`` becomes ``$TORCHAIR_DIST_TIMEOUT`` seconds (default 300), so a
   rank blocked in a collective fails instead of waiting forever. An ``init_process_group`` that
   needs the launcher's environment (RANK, WORLD_SIZE) and finds none says to use
-  ``torchair run --nproc-per-node N``.
+  ``torchair run --nproc-per-node N``; one whose ``world_size`` / ``rank`` contradict the
+  launcher's ``$WORLD_SIZE`` / ``$RANK`` fails at once naming both (instead of waiting out the
+  rendezvous timeout).
 - ``torch_npu.distributed`` (a module, also importable) forwards to ``torch.distributed``;
   ``torch_npu``-only names (:data:`NPU_ONLY`) raise ``NotEmulatedError`` naming the call.
 
@@ -59,12 +61,16 @@ def default_timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
-def map_backend(backend: Any, target: torch.device) -> Any:
+def map_backend(backend: Any, target: torch.device, nccl: bool = False) -> Any:
     """``backend`` with HCCL replaced by the emulated device's backend.
 
     "hccl" -> "gloo" (CPU) or "nccl" (CUDA); "cpu:gloo,npu:hccl" -> "cpu:gloo" (CPU) or
-    "cpu:gloo,cuda:nccl" (CUDA). Any other value (None, "gloo", a Backend) is returned unchanged.
+    "cpu:gloo,cuda:nccl" (CUDA). With ``nccl`` (a CPU emulation after ``transfer_to_npu``, which
+    makes NCCL mean HCCL), "nccl" and "cuda:nccl" are HCCL too. Any other value (None, "gloo", a
+    Backend) is returned unchanged.
     """
+    if nccl and isinstance(backend, str) and "nccl" in backend.lower():
+        backend = backend.lower().replace("cuda:", "npu:").replace("nccl", "hccl")
     if not isinstance(backend, str) or "hccl" not in backend.lower():
         return backend
     real = "gloo" if target.type == "cpu" else "nccl"
@@ -110,16 +116,48 @@ def _check_launcher_env(init_method: Any, store: Any, rank: int, world_size: int
             "torch.distributed.run), or pass rank=, world_size= and an init_method or store.")
 
 
-def _wrap_init(original: Callable[..., Any], target: torch.device) -> Callable[..., Any]:
+def _check_launcher_world(init_method: Any, store: Any, rank: int, world_size: int) -> None:
+    """Fail at once when ``rank`` / ``world_size`` contradict the launcher's ``$RANK`` /
+    ``$WORLD_SIZE``: torch's env:// rendezvous would wait its whole timeout for ranks that never
+    come (or a rank slot taken twice) and then report a store key."""
+    if store is not None or init_method not in (None, "env://"):
+        return
+    env_world, env_rank = os.environ.get("WORLD_SIZE"), os.environ.get("RANK")
+    if env_world is None or not env_world.isdigit():
+        return
+    launched = int(env_world)
+    where = ("torch.distributed.init_process_group: this process was started as one of "
+             f"$WORLD_SIZE={launched} ranks (torchair run --nproc-per-node {launched}, or "
+             "another launcher)")
+    if world_size != -1 and world_size != launched:
+        raise RuntimeError(
+            f"{where}, but the script passes world_size={world_size}; the rendezvous would wait "
+            f"for {world_size} ranks that never all come. Pass world_size={launched} (or leave "
+            f"it out to read $WORLD_SIZE), or launch --nproc-per-node {world_size}.")
+    if rank == -1:
+        return
+    if rank < 0 or rank >= launched:
+        raise RuntimeError(f"{where}, but the script passes rank={rank}, outside "
+                           f"0..{launched - 1}. Pass rank=int(os.environ['RANK']) or leave it "
+                           "out.")
+    if env_rank is not None and env_rank.isdigit() and rank != int(env_rank):
+        raise RuntimeError(f"{where}, but the script passes rank={rank} while the launcher "
+                           f"started this process as $RANK={env_rank}; two processes would "
+                           "claim one rank. Pass rank=int(os.environ['RANK']) or leave it out.")
+
+
+def _wrap_init(original: Callable[..., Any], target: torch.device,
+               nccl: Callable[[], bool]) -> Callable[..., Any]:
     @functools.wraps(original)
     def init_process_group(backend: Any = None, init_method: Any = None,
                            timeout: datetime.timedelta | None = None, world_size: int = -1,
                            rank: int = -1, store: Any = None, *args: Any,
                            **kwargs: Any) -> None:
-        mapped = map_backend(backend, target)
+        mapped = map_backend(backend, target, nccl())
         if mapped != backend:
             _check_launcher_env(init_method, store, rank, world_size)
             _log_mapping(backend, mapped)
+        _check_launcher_world(init_method, store, rank, world_size)
         if target.type == "cpu" and kwargs.get("device_id") is not None:
             kwargs["device_id"] = None  # gloo binds no device; "npu:i" means the CPU here
         return original(mapped, init_method, default_timeout() if timeout is None else timeout,
@@ -127,11 +165,12 @@ def _wrap_init(original: Callable[..., Any], target: torch.device) -> Callable[.
     return init_process_group
 
 
-def _wrap_new_group(original: Callable[..., Any], target: torch.device) -> Callable[..., Any]:
+def _wrap_new_group(original: Callable[..., Any], target: torch.device,
+                    nccl: Callable[[], bool]) -> Callable[..., Any]:
     @functools.wraps(original)
     def new_group(ranks: Any = None, timeout: datetime.timedelta | None = None,
                   backend: Any = None, *args: Any, **kwargs: Any) -> Any:
-        mapped = map_backend(backend, target)
+        mapped = map_backend(backend, target, nccl())
         _log_mapping(backend, mapped)
         if target.type == "cpu" and kwargs.get("device_id") is not None:
             kwargs["device_id"] = None
@@ -140,15 +179,17 @@ def _wrap_new_group(original: Callable[..., Any], target: torch.device) -> Calla
     return new_group
 
 
-def distributed_patches(target: torch.device) -> list[tuple[Any, str, Any]]:
+def distributed_patches(target: torch.device, nccl: Callable[[], bool] = lambda: False
+                        ) -> list[tuple[Any, str, Any]]:
     """``(owner, name, value)`` patches for ``torch.distributed`` on ``target``; empty when
-    torch was built without distributed support."""
+    torch was built without distributed support. ``nccl()`` says whether NCCL means HCCL now
+    (see :func:`map_backend`)."""
     if not torch.distributed.is_available():
         return []
     import torch.distributed.distributed_c10d as c10d
 
-    init = _wrap_init(c10d.init_process_group, target)
-    new_group = _wrap_new_group(c10d.new_group, target)
+    init = _wrap_init(c10d.init_process_group, target, nccl)
+    new_group = _wrap_new_group(c10d.new_group, target, nccl)
     return [(owner, name, value) for owner in (torch.distributed, c10d)
             for name, value in (("init_process_group", init), ("new_group", new_group))]
 

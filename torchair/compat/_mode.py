@@ -16,10 +16,14 @@ Two pieces, both installed by :func:`~torchair.compat.emulate_npu` and removed b
   returns the real ``torch.device`` of the emulated device; every other argument form is passed
   to the real constructor unchanged, and ``isinstance``/``issubclass`` see the real class.
 
+An integer in a device position (``device=0``, ``Tensor.to(0)``, ``Module.to(0)``,
+``torch.device(0)``) is the NPU of that index, as on torch_npu where the accelerator is the NPU.
+
 Not covered (they read the device in C++ without a torch-function hook): ``torch.Generator``,
 storage constructors, ``torch.load(map_location="npu")`` and ``torch.autocast("npu")``; pass a
 ``torch.device("npu")`` or the emulated device there. The mode is thread-local, like every
-``TorchFunctionMode``: threads the script starts do not see it.
+``TorchFunctionMode``: the emulation pushes it in the threads the script starts (see
+:mod:`torchair.compat._children`).
 """
 from __future__ import annotations
 
@@ -38,18 +42,30 @@ __all__ = ["NpuDeviceMode", "make_device_class", "npu_string", "pop_mode", "rout
 _REAL_DEVICE = torch._C.device  # torch.device itself; never replaced
 
 
-def npu_string(base: str, spec: Any) -> str | None:
-    """The real device string for an Ascend device string, or None when ``spec`` is not one.
+def npu_string(base: str, spec: Any, ints: bool = False, cuda: bool = False) -> str | None:
+    """The real device string for an Ascend device argument, or None when ``spec`` is not one.
 
     ``base`` is the emulated device ("cpu", "cuda", "cuda:1"): "npu" -> base, "npu:i" -> "cpu"
-    on the CPU (one device), else "cuda:i".
+    on the CPU (one device), else "cuda:i". With ``ints`` (``spec`` is in a device position), an
+    index ``i >= 0`` is the NPU ``i`` as on torch_npu, where the accelerator is the NPU: "cpu" on
+    the CPU, else "cuda:i". With ``cuda`` (a CPU emulation after ``transfer_to_npu``), "cuda",
+    "cuda:i" and CUDA ``torch.device`` objects are the NPU as well.
     """
-    if type(spec) is not str or not spec.startswith("npu"):
+    kind = type(spec)
+    if kind is str:
+        if spec.startswith("npu"):
+            if spec == "npu":
+                return base
+            if spec.startswith("npu:") and spec[4:].isdigit():
+                return "cpu" if base == "cpu" else "cuda" + spec[3:]
+            return None
+        if cuda and spec.startswith("cuda") and (spec == "cuda" or spec[5:].isdigit()):
+            return base
         return None
-    if spec == "npu":
+    if ints and kind is int and spec >= 0:
+        return "cpu" if base == "cpu" else f"cuda:{spec}"
+    if cuda and kind is _REAL_DEVICE and spec.type == "cuda":
         return base
-    if spec.startswith("npu:") and spec[4:].isdigit():
-        return "cpu" if base == "cpu" else "cuda" + spec[3:]
     return None
 
 
@@ -69,29 +85,37 @@ class NpuDeviceMode(TorchFunctionMode):
         super().__init__()
         self.base = base
         self.host_stream_type = host_stream_type
+        self.cuda = False  # True on a CPU emulation once the script imported transfer_to_npu
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
         elif "device" in kwargs:
-            mapped = npu_string(self.base, kwargs["device"])
+            mapped = npu_string(self.base, kwargs["device"], True, self.cuda)
             if mapped is not None:  # (not dict(kwargs, device=...): Dynamo traces that
                 kwargs = kwargs.copy()  # through a polyfill it then guards on)
                 kwargs["device"] = mapped
-        if func is _POSITIONAL[0] or func is _POSITIONAL[1] or func is _POSITIONAL[2]:
+        if func is _POSITIONAL[0]:  # Tensor.to(self, device, ...): an int there is a device
+            if len(args) > 1:
+                args = (args[0], self._map(args[1], True), *(self._map(a) for a in args[2:]))
+        elif func is _POSITIONAL[1]:  # Module.to's _parse_to(device, ...)
+            if args:
+                args = (self._map(args[0], True), *(self._map(a) for a in args[1:]))
+        elif func is _POSITIONAL[2]:
             args = tuple(self._map(a) for a in args)
         elif func is _RECORD_STREAM and self.host_stream_type is not None and len(args) == 2 \
                 and isinstance(args[1], self.host_stream_type):
             return None
         return func(*args, **kwargs)
 
-    def _map(self, arg: Any) -> Any:
-        mapped = npu_string(self.base, arg)
+    def _map(self, arg: Any, ints: bool = False) -> Any:
+        mapped = npu_string(self.base, arg, ints, self.cuda)
         return arg if mapped is None else mapped
 
 
 # What the mode does to a traced call depends only on its attributes (the device playing the NPU,
-# the host stream type): cache_compile may serve graphs traced under an equal mode.
+# the host stream type, whether "cuda" is mapped too): cache_compile may serve graphs traced
+# under an equal mode.
 register_cacheable_mode(NpuDeviceMode)
 
 
@@ -207,8 +231,12 @@ def _mark_constant(fn):
     return fn
 
 
-def make_device_class(base: str) -> type:
+def make_device_class(base: str, mode: NpuDeviceMode | None = None) -> type:
     """A ``torch.device`` stand-in whose ``"npu"`` is ``base`` ("cpu", "cuda", "cuda:1").
+
+    ``torch.device(i)`` (an index alone: the accelerator's device ``i``) is the NPU ``i`` as on
+    torch_npu: the CPU on a CPU emulation, else ``cuda:i``. While ``mode.cuda`` is set (a CPU
+    emulation after ``transfer_to_npu``), ``"cuda[:i]"`` is the CPU too.
 
     The class compares and hashes equal to the real ``torch.device`` (see :class:`_DeviceMeta`),
     so tables that torch modules imported during the emulation build from ``torch.device``
@@ -220,6 +248,11 @@ def make_device_class(base: str) -> type:
 
     def new_device(*args: Any, **kwargs: Any) -> torch.device:
         spec = args[0] if args else kwargs.get("type")
+        if type(spec) is int and len(args) == 1 and not kwargs and spec >= 0:
+            return _REAL_DEVICE("cpu") if base == "cpu" else _REAL_DEVICE("cuda", spec)
+        if mode is not None and mode.cuda and type(spec) is str and spec.startswith("cuda"):
+            _REAL_DEVICE(*args, **kwargs)  # the real constructor checks the rest
+            return _REAL_DEVICE(base)
         if type(spec) is not str or not spec.startswith("npu"):
             return _REAL_DEVICE(*args, **kwargs)
         as_cuda = "cuda" + spec[3:]

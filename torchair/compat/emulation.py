@@ -9,7 +9,12 @@
 - ``torch.distributed.init_process_group`` / ``new_group`` (HCCL played by gloo or NCCL) and
   ``sys.modules["torch_npu.distributed"]`` (see :mod:`._distributed`);
 - ``torch.device`` (a stand-in that maps ``"npu"``) and a ``TorchFunctionMode`` on this
-  thread's mode stack that maps ``device="npu[:i]"`` arguments (see :mod:`._mode`).
+  thread's mode stack that maps ``device="npu[:i]"`` arguments (see :mod:`._mode`);
+- ``threading.Thread._bootstrap_inner`` (threads the script starts get the mode), ``sys.path``,
+  ``$PYTHONPATH`` and ``$TORCHAIR_NPU_EMULATION`` (child processes get the emulation) (see
+  :mod:`._children`);
+- a finder first on ``sys.meta_path`` for ``torch_npu.*`` submodules, ``torch_npu.contrib``
+  and ``transfer_to_npu`` (see :mod:`._submodules`).
 
 Nothing is patched until :func:`emulate_npu` is called; importing torchair patches nothing.
 """
@@ -18,16 +23,19 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import threading
 from typing import Any, Callable
 
 import torch
 
+from torchair.compat._children import child_env_patches, is_shim, thread_bootstrap
 from torchair.compat._device import emulated_string, resolve_device
 from torchair.compat._distributed import distributed_patches, make_torch_npu_distributed
 from torchair.compat._mode import (NpuDeviceMode, make_device_class, pop_mode, route_factories,
                                    routes_factories_after_compile, unroute_factories)
 from torchair.compat._npu_namespace import make_npu_namespace
 from torchair.compat._streams import HostStream
+from torchair.compat._submodules import TorchNpuFinder, make_package, transfer_patches
 from torchair.compat._torch_npu import make_torch_npu
 from torchair.core.utils import logger
 
@@ -106,9 +114,10 @@ class Emulation:
 
 def _real_torch_npu() -> bool:
     """Whether the real ``torch_npu`` is importable (it is then imported, as a script would)."""
-    if "torch_npu" in sys.modules:
-        return True
-    if importlib.util.find_spec("torch_npu") is None:
+    if "torch_npu" in sys.modules:  # torchair's shim is importing (a child process): emulate
+        return not is_shim(sys.modules["torch_npu"])
+    spec = importlib.util.find_spec("torch_npu")
+    if spec is None or is_shim(spec):  # the shim: a child of an emulated process
         return False
     try:
         importlib.import_module("torch_npu")
@@ -157,20 +166,36 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
 
     tensor_npu.__name__ = tensor_npu.__qualname__ = "npu"
     module_npu.__name__ = module_npu.__qualname__ = "npu"
-    emulation._set(sys.modules, "torch_npu", torch_npu)
-    emulation._set(sys.modules, "torch_npu.npu", npu_ns)
-    emulation._set(sys.modules, "torch_npu.npu.utils", npu_ns.utils)
+    mode = NpuDeviceMode(str(target), HostStream if target.type == "cpu" else None)
+
+    def transfer_to_npu() -> None:  # `import torch_npu.contrib.transfer_to_npu`
+        patches = transfer_patches(target, npu_ns, tensor_npu, module_npu)
+        if patches and not mode.cuda:
+            for owner, name, value in patches:
+                emulation._set(owner, name, value)
+            mode.cuda = True
+            emulation._undo.append(lambda: setattr(mode, "cuda", False))
+
+    finder = TorchNpuFinder(transfer_to_npu)
+    emulation._set(sys.modules, "torch_npu", make_package(torch_npu))
+    emulation._set(sys.modules, "torch_npu.npu", make_package(npu_ns))
+    emulation._set(sys.modules, "torch_npu.npu.utils", make_package(npu_ns.utils))
     if torch.distributed.is_available():
-        torch_npu.distributed = make_torch_npu_distributed()
+        torch_npu.distributed = make_package(make_torch_npu_distributed())
         emulation._set(sys.modules, "torch_npu.distributed", torch_npu.distributed)
-    for owner, name, value in distributed_patches(target):
+    sys.meta_path.insert(0, finder)
+    emulation._undo.append(lambda: (sys.meta_path.remove(finder) if finder in sys.meta_path
+                                    else None, finder.remove_served()))
+    for owner, name, value in distributed_patches(target, lambda: mode.cuda):
         emulation._set(owner, name, value)
     emulation._set(torch, "npu", npu_ns)
     emulation._set(torch.Tensor, "npu", tensor_npu)
     emulation._set(torch.Tensor, "is_npu", property(lambda self: self.device.type == target.type))
     emulation._set(torch.nn.Module, "npu", module_npu)
-    emulation._set(torch, "device", make_device_class(str(target)))
-    emulation._push_mode(NpuDeviceMode(str(target), HostStream if target.type == "cpu" else None))
+    emulation._set(torch, "device", make_device_class(str(target), mode))
+    emulation._push_mode(mode)
+    emulation._set(threading.Thread, "_bootstrap_inner", thread_bootstrap(mode))
+    emulation._undo.extend(child_env_patches(str(target)))
     routed: list = []  # factories Dynamo routes through the mode because of us (torch 2.11)
     if "torch._dynamo" in sys.modules:
         routed += route_factories()

@@ -794,7 +794,7 @@ class GuardSet:
         self.state: dict | None = None
         self.modes: int | None = None
         self.mode_tags: list[str] = []  # tags of the (cacheable) modes traced under
-        self._modes_seen: tuple = ()  # the mode objects whose tags matched last
+        self._modes_seen: tuple = ()  # (mode, its attributes) whose tags matched last
         for rec in records:
             kind = rec["kind"]
             if rec.get("advisory"):
@@ -842,8 +842,9 @@ class GuardSet:
         if not self.modes:
             return ""
         modes = function_modes.stack_modes()
-        if len(modes) == len(self._modes_seen) and all(
-                a is b for a, b in zip(modes, self._modes_seen)):
+        seen = self._modes_seen  # the modes whose tags matched last, with their attributes
+        if len(modes) == len(seen) and all(
+                a is b and vars(a) == state for a, (b, state) in zip(modes, seen)):
             return ""
         try:
             tags = function_modes.stack_tags(modes)
@@ -852,7 +853,7 @@ class GuardSet:
         if tags != self.mode_tags:
             return (f"the TorchFunctionMode stack differs from the one traced under "
                     f"({', '.join(self.mode_tags)}): {_stack_text()}")
-        self._modes_seen = modes
+        self._modes_seen = tuple((m, dict(vars(m))) for m in modes)
         return ""
 
     def _process_state(self) -> str:
