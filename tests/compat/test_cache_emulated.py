@@ -241,3 +241,92 @@ def test_another_mode_under_the_emulation_is_still_refused(tmp_path, torchair_lo
                and "only torchair's torch_npu emulation mode is cacheable" in w
                for w in warnings), warnings
     assert not list((tmp_path / "c").rglob("meta.json"))
+
+
+TOGETHER = '''
+import json, os, sys, threading
+import torch, torch.distributed as dist, torch_npu, torchair
+from torchair.inference import cache_compile, set_dim_gears
+
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.npu.set_device(local_rank)
+dist.init_process_group("hccl")
+rank = dist.get_rank()
+
+
+class Layer(torch.nn.Module):
+    """A row-parallel layer: each rank's half of the weight, the partial sums all-reduced."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        full = torch.randn(16, 32)
+        self.w = torch.nn.Parameter(full[:, rank * 16:(rank + 1) * 16].contiguous())
+        self.g = torch.nn.Parameter(torch.rand(16) + 0.5)
+        config = torchair.CompilerConfig()
+        config.debug.run_eagerly = True
+        self.cached = cache_compile(self.decode, config=config, cache_dir=sys.argv[1],
+                                    global_rank=rank, tp_rank=rank)
+
+    def decode(self, x):
+        with torchair.scope.super_kernel("sk", "stream-fusion=1"):
+            y = x[..., rank * 16:(rank + 1) * 16] @ self.w.t()
+        dist.all_reduce(y)
+        return torch_npu.npu_rms_norm(y, self.g)[0] + torch.ones(1, device="npu")
+
+
+layer = Layer().to(local_rank)  # an integer device: the NPU of this rank
+outs = []
+with torch.no_grad():
+    for batch in (2, 4, 2):
+        x = torch.randn(batch, 32, generator=torch.Generator().manual_seed(batch)).to(local_rank)
+        set_dim_gears(x, {0: [2, 4]})
+        outs.append(layer.cached(x).tolist())
+    seen = {}
+
+    def in_thread():  # a thread the script starts: the same emulation, the same entry
+        x = torch.randn(2, 32, generator=torch.Generator().manual_seed(2)).to(local_rank)
+        set_dim_gears(x, {0: [2, 4]})
+        seen["out"] = layer.cached(x).tolist()
+
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join(60)
+dynamo = sys.modules.get("torch._dynamo")
+graphs = dynamo.utils.counters["stats"]["unique_graphs"] if dynamo is not None else 0
+print("RESULT " + json.dumps({"rank": rank, "outs": outs, "thread": seen.get("out"),
+                              "graphs": graphs}), flush=True)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_ranks_gears_scopes_and_threads_together_warm_start(tmp_path):
+    """One TorchAir-shaped script using everything at once under `torchair run --nproc-per-node
+    2`: the hccl process group, per-rank cache_compile entries (global_rank, tp_rank), gears on
+    the batch dim, a super_kernel scope, an all_reduce inside the graph, integer devices and a
+    worker thread. Run twice: each rank of the second run compiles zero graphs, including the
+    thread's call, and returns the first run's outputs."""
+    script = tmp_path / "together.py"
+    script.write_text(TOGETHER)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TORCHAIR_DIST_TIMEOUT="60", TORCHAIR_LOG_LEVEL="INFO")
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "torchair", "run", "--nproc-per-node", "2",
+                               "--device", "cpu", str(script), str(tmp_path / "cache")],
+                              capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        rows = [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
+                if "RESULT " in line]
+        runs.append(({r["rank"]: r for r in rows}, done.stderr))
+    (cold, cold_log), (warm, warm_log) = runs
+    assert sorted(cold) == sorted(warm) == [0, 1]
+    assert "not cached" not in cold_log and "does not fit" not in warm_log, cold_log + warm_log
+    for rank in (0, 1):
+        assert cold[rank]["graphs"] >= 1 and warm[rank]["graphs"] == 0, (rank, warm_log)
+        assert warm[rank]["outs"] == cold[rank]["outs"]
+        assert warm[rank]["thread"] == cold[rank]["thread"] == cold[rank]["outs"][0]
+    assert cold[0]["outs"] == cold[1]["outs"]  # all_reduce: both ranks hold the full product
+    entries = sorted(p.parent.parent.name for p in (tmp_path / "cache").rglob("meta.json"))
+    assert entries == ["world2global_rank0_tp_rank0", "world2global_rank1_tp_rank1"], entries
