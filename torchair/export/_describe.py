@@ -9,7 +9,8 @@ every op carries the ``nn_module_stack`` of the module that called it, as in Tor
 
 The input spec (stored in the package's metadata under :data:`SPEC_KEY`) lists, for every leaf
 of ``(args, kwargs)``, either a tensor (dtype and per-dim size or ``[min, max]`` range) or the
-constant value the package baked in; AOTInductor itself does not check its inputs.
+constant value the package baked in; AOTInductor itself does not check its inputs. Non-tensor
+arguments show in ``dynamo.pbtxt`` as ``Data`` nodes of kind ``constant``.
 """
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def _placeholder_infos(ep) -> list[InputInfo]:
         if isinstance(val, torch.Tensor):
             infos.append(InputInfo(i, name, kind, ir_shape(val), dtype_name(val.dtype),
                                    device=str(val.device)))
-        elif isinstance(val, (int, torch.SymInt)):
+        elif isinstance(val, torch.SymInt):
             infos.append(InputInfo(i, name, "symint", (), "int64"))
-        else:  # a constant input (e.g. None): shown as a scalar Data node
+        else:  # a non-tensor argument, baked into the package: a scalar Data node
             infos.append(InputInfo(i, name, "constant", (), type(val).__name__))
     return infos
 
@@ -108,8 +109,10 @@ def _finite(bound: Any) -> int | None:
 def input_spec(ep, args: tuple, kwargs: dict, *, dynamic: bool, rank: int | None,
                world_size: int | None, weights: str) -> dict:
     """The spec of the package's inputs (see the module doc), JSON-serializable."""
+    kinds = _kinds(ep)
     user = [n for n in ep.graph_module.graph.nodes if n.op == "placeholder"
-            and _kinds(ep).get(n.name, ("tensor",))[0] == "tensor"]
+            and kinds.get(n.name, ("tensor",))[0] == "tensor"
+            and isinstance(n.meta.get("val"), torch.Tensor)]
     ranges = dict(ep.range_constraints)
     tensors = iter(user)
     leaves = []
