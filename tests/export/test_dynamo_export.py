@@ -2,7 +2,8 @@
 the model's code.
 
 Few AOT compiles (each 10-25 s on 2 cores): one static and one dynamic export shared by the
-module, one 2-rank gloo world; the error tests stop before compiling. The C++ wrapper is built
+module, and a 2-rank gloo world started with the module so its compiles overlap the others; the
+error tests stop before compiling. The C++ wrapper is built
 at -O0 here (``aot_inductor.compile_wrapper_opt_level``), which halves its compile time.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _inputs(b: int, s: int):
 
 
 @pytest.fixture(scope="module")
-def static_export(tmp_path_factory):
+def static_export(tmp_path_factory, rank_world):  # the ranks compile while this one does
     path = tmp_path_factory.mktemp("static") / "export_file"
     config = torchair.CompilerConfig()
     config.export.experimental.enable_record_nn_module_stack = True
@@ -151,20 +152,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_rank_export_writes_one_package_per_rank(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def rank_world(tmp_path_factory):
+    """The 2-rank gloo world, started when the module starts so its two AOT compiles overlap
+    the module's own exports; the test joins it (every wait bounded)."""
     import _export_world
 
-    monkeypatch.setenv("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL", WRAPPER_OPT)  # for the ranks
+    tmp_path = tmp_path_factory.mktemp("ranks")
     export_path = tmp_path / "export_file"
-    ctx = mp.start_processes(_export_world.worker, args=(2, _free_port(), str(export_path),
-                                                         str(tmp_path)),
-                             nprocs=2, join=False, start_method="spawn")
+    old = os.environ.get("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL")
+    os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"] = WRAPPER_OPT  # read by the ranks
+    try:
+        ctx = mp.start_processes(_export_world.worker, args=(2, _free_port(), str(export_path),
+                                                             str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    finally:
+        if old is None:
+            os.environ.pop("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL")
+        else:
+            os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"] = old
+    state = {"ctx": ctx, "tmp": tmp_path, "export_path": export_path, "joined": False}
+    yield state
+    if not state["joined"]:
+        _join(ctx, deadline=240)
+
+
+def _join(ctx, deadline: float) -> None:
     start = time.monotonic()
-    while not ctx.join(timeout=5):
-        if time.monotonic() - start > 240:
+    while not ctx.join(timeout=5):  # raises ProcessRaisedException when a rank failed
+        if time.monotonic() - start > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail("the 2-rank export did not finish in 240 s")
+            pytest.fail(f"the 2-rank export did not finish in {deadline} s")
+
+
+def test_two_rank_export_writes_one_package_per_rank(rank_world):
+    tmp_path, export_path = rank_world["tmp"], rank_world["export_path"]
+    rank_world["joined"] = True
+    _join(rank_world["ctx"], deadline=240)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, result in enumerate(results):
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
@@ -215,6 +240,9 @@ def test_what_cannot_be_exported_says_why(tmp_path):
     with pytest.raises(RuntimeError, match=r"could not trace _DataDependent into one graph"):
         torchair.dynamo_export(x, model=_DataDependent(), export_path=str(tmp_path))
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".pt2")]
+    from torchair.distributed import hcom
+
+    assert not hcom.patched_for_hcom()  # the export's patch of the remap table is undone
 
 
 def test_bad_arguments_say_what_was_expected(tmp_path):

@@ -64,7 +64,9 @@ class ExportedModel:
         self.metadata: dict[str, str] = dict(runner.get_metadata())
         raw = self.metadata.get(_describe.SPEC_KEY)
         self.spec: dict | None = json.loads(raw) if raw else None
-        self._in_spec = pytree.treespec_loads(runner.loader.get_call_spec()[0])
+        loader = getattr(runner, "loader", None)
+        self._in_spec = (pytree.treespec_loads(loader.get_call_spec()[0])
+                         if loader is not None else None)
 
     @property
     def device(self) -> str:
@@ -75,8 +77,8 @@ class ExportedModel:
         return bool(self.spec and self.spec.get("dynamic"))
 
     def _check(self, args: tuple, kwargs: dict) -> None:
-        if self.spec is None:
-            return
+        if self.spec is None or self._in_spec is None:
+            return  # not a torchair export (a plain AOTInductor package): nothing to check
         leaves = _describe.flat_leaves(args, kwargs, self._in_spec)
         expected = self.spec["inputs"]
         if len(leaves) != len(expected):
@@ -152,7 +154,9 @@ def load_export(path: str | os.PathLike = "export_file", *, export_name: str = "
 
     pkg = _resolve(os.fspath(path), export_name, rank)
     index = _device_index(device)
-    runner = torch._inductor.aoti_load_package(pkg, device_index=index)
+    # device_index only when one is asked for (older PyTorch's loader may not take it)
+    runner = (torch._inductor.aoti_load_package(pkg) if index == -1 else
+              torch._inductor.aoti_load_package(pkg, device_index=index))
     model = ExportedModel(pkg, runner)
     if device is not None:
         want = torch.device(device if not isinstance(device, int) else f"cuda:{device}").type
