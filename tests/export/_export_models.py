@@ -30,13 +30,17 @@ class TinyModel(torch.nn.Module):
 
 
 class AllReduceModel(torch.nn.Module):
-    """TorchAir's export test model: add, a weight, then an in-place all_reduce."""
+    """TorchAir's export test model: add, a weight, then an in-place all_reduce ([n, 2] inputs;
+    n is dynamic under dynamic=True)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.p = torch.nn.Parameter(torch.tensor([[1.5, 1.5], [2.5, 3.5]]))
+        self.p = torch.nn.Parameter(torch.tensor([1.5, 3.5]))
+        # a matrix too: AOTInductor folds a lone [2] weight into its kernel, and a package whose
+        # weight blob is empty fails to load (mmap of 0 bytes)
+        self.w = torch.nn.Parameter(torch.tensor([[1.0, 0.5], [-0.5, 2.0]]))
 
     def forward(self, x, y):
-        x = x + y + self.p
+        x = (x + y + self.p) @ self.w
         dist.all_reduce(x)
         return x * 2

@@ -1,8 +1,8 @@
 """torchair.dynamo_export (issue 33): AOTInductor packages in TorchAir's layout, loaded without
 the model's code.
 
-Few AOT compiles (each 10-25 s on 2 cores): one static and one dynamic export shared by the
-module, and a 2-rank gloo world started with the module so its compiles overlap the others; the
+Three AOT compiles (each 10-25 s on 2 cores): a static export shared by the module, and a 2-rank
+gloo world exporting dynamically (started with the static export, so the compiles overlap); the
 error tests stop before compiling. The C++ wrapper is built
 at -O0 here (``aot_inductor.compile_wrapper_opt_level``), which halves its compile time.
 """
@@ -21,9 +21,8 @@ import torch
 import torch.multiprocessing as mp
 
 import torchair
-from torchair.export import _export
 
-import _export_models as models  # noqa: E402 - beside this file (pytest puts its folder on sys.path)
+import _export_models as models  # noqa: E402 - beside this file (pytest puts it on sys.path)
 
 pytestmark = pytest.mark.inductor
 
@@ -50,17 +49,6 @@ def static_export(tmp_path_factory, rank_world):  # the ranks compile while this
     x, y = _inputs(2, 4)
     pkg = torchair.dynamo_export(x, y=y, scale=3, model=models.TinyModel().eval(),
                                  export_path=str(path), export_name="tiny", config=config)
-    return path, pkg
-
-
-@pytest.fixture(scope="module")
-def dynamic_export(tmp_path_factory):
-    path = tmp_path_factory.mktemp("dynamic") / "export_file"
-    x, y = _inputs(2, 4)
-    with pytest.MonkeyPatch.context() as mp_:
-        mp_.setattr(_export, "EXTERNAL_WEIGHTS_BYTES", 0)  # as TorchAir's test shrinks its limit
-        pkg = torchair.npu_export.dynamo_export(x, y, model=models.TinyModel().eval(),
-                                                export_path=str(path), dynamic=True)
     return path, pkg
 
 
@@ -96,52 +84,27 @@ def test_static_package_runs_and_checks_its_inputs(static_export):
         loaded(x.half(), y=y, scale=3)
 
 
-def test_dynamic_export_runs_at_other_sizes(dynamic_export):
-    path, pkg = dynamic_export
-    assert sorted(os.listdir(path)) == ["dynamo.pbtxt", "export.pt2"]
-    text = (path / "dynamo.pbtxt").read_text()
-    assert "list { i: -1 i: -1 i: 8 }" in text  # batch and sequence dynamic, features fixed
-    loaded = torchair.load_export(pkg)
-    assert loaded.dynamic and loaded.spec["weights"] == "binary_blob"
-    with zipfile.ZipFile(pkg) as z:  # the weights beside the shared library, in the package
-        assert any(n.endswith("_weights.blob") for n in z.namelist())
-    for b, s in ((2, 4), (5, 3), (3, 7)):
-        x, y = _inputs(b, s)
-        torch.testing.assert_close(loaded(x, y), _eager(x, y))
-    with pytest.raises(ValueError, match=r"size 1 in dim 0, outside the exported range \[2, inf\]"):
-        loaded(*_inputs(1, 4))  # Dynamo specializes sizes 0 and 1: dynamic dims start at 2
-    x, _ = _inputs(3, 4)
-    with pytest.raises(ValueError, match=r"argument 1 has size 2 in dim 0, but argument 0 has 3"):
-        loaded(x, _inputs(2, 4)[1])
-
-
 _CHILD = r"""
 import sys, torch, torchair
-static_dir, dynamic_pkg, inputs, out = sys.argv[1:]
+static_dir, inputs, out = sys.argv[1:]
 assert not [m for m in sys.modules if "export_models" in m or "test_dynamo_export" in m]
-cases = torch.load(inputs)
+x, y = torch.load(inputs)
 static = torchair.load_export(static_dir, export_name="tiny")
-dynamic = torchair.load_export(dynamic_pkg)
-results = [static(x, y=y, scale=3) for x, y in cases[:1]] + [dynamic(x, y) for x, y in cases]
+result = static(x, y=y, scale=3)
 assert not [m for m in sys.modules if "export_models" in m]
-torch.save(results, out)
+torch.save(result, out)
 """
 
 
-def test_fresh_process_runs_the_packages_without_the_model(static_export, dynamic_export,
-                                                           tmp_path):
-    cases = [_inputs(2, 4), _inputs(3, 6)]
-    torch.save(cases, tmp_path / "inputs.pt")
+def test_fresh_process_runs_the_package_without_the_model(static_export, tmp_path):
+    x, y = _inputs(2, 4)
+    torch.save((x, y), tmp_path / "inputs.pt")
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(static_export[0]),
-                           dynamic_export[1], str(tmp_path / "inputs.pt"),
-                           str(tmp_path / "out.pt")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = torch.load(tmp_path / "out.pt")
-    torch.testing.assert_close(results[0], _eager(*cases[0], 3))
-    for got, (x, y) in zip(results[1:], cases):
-        torch.testing.assert_close(got, _eager(x, y))
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), _eager(x, y, 3))
 
 
 # ------------------------------------------------------------------------- per-rank exports
@@ -186,23 +149,34 @@ def _join(ctx, deadline: float) -> None:
             pytest.fail(f"the 2-rank export did not finish in {deadline} s")
 
 
-def test_two_rank_export_writes_one_package_per_rank(rank_world):
+def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
+    """TorchAir's multi-rank export test: rank_{r}/dynamo.pbtxt with the all_reduce, one
+    package per rank; here dynamic (run at a second size) with the weights in a blob."""
     tmp_path, export_path = rank_world["tmp"], rank_world["export_path"]
     rank_world["joined"] = True
     _join(rank_world["ctx"], deadline=240)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, result in enumerate(results):
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
-        assert result["equal"] and result["path"] == str(export_path / f"export{rank}.pt2")
+        assert result["path"] == str(export_path / f"export{rank}.pt2")
+        assert result["equal"] == [True, True] and result["weights"] == "binary_blob"
+        # Dynamo specializes sizes 0 and 1: a dynamic dim takes sizes >= 2
+        assert "size 1 in dim 0, outside the exported range [2, inf]" in result["range_error"]
+        assert "argument 1 has size 4 in dim 0, but argument 0 has 3" in result["equal_error"]
+        with zipfile.ZipFile(result["path"]) as z:  # weights beside the .so, in the package
+            assert any(n.endswith("_weights.blob") for n in z.namelist())
     # TorchAir: export_path/{name}{rank}.air beside rank_{rank}/dynamo.pbtxt
     assert sorted(os.listdir(export_path)) == ["export0.pt2", "export1.pt2", "rank_0", "rank_1"]
     for rank in range(2):
         text = (export_path / f"rank_{rank}" / "dynamo.pbtxt").read_text()
         assert text.count('op: "_c10d_functional.all_reduce"') == 1
-    # (1 + 2) + 2 * (0.5 + p) summed over both ranks, doubled
-    p = torch.tensor([[1.5, 1.5], [2.5, 3.5]])
-    expected = ((torch.full((2, 2), 3.0) + 2 * (0.5 + p)) * 2).tolist()
-    assert results[0]["out"] == results[1]["out"] == expected
+        assert "list { i: -1 i: 2 }" in text  # rows dynamic, columns fixed by the weight
+    model = models.AllReduceModel()
+    with torch.no_grad():
+        for n, outs in zip((4, 3), zip(*(r["out"] for r in results))):
+            summed = sum((torch.ones(n, 2) * (r + 1) + 0.5 + model.p) @ model.w for r in range(2))
+            torch.testing.assert_close(torch.tensor(outs[0]), summed * 2)
+            assert outs[0] == outs[1]
 
 
 # ------------------------------------------------------------------ what cannot be exported

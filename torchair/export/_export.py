@@ -82,7 +82,8 @@ def dynamo_export(*args: Any, model: torch.nn.Module, export_path: str = "export
     TorchAir's signature and file layout (see :mod:`torchair.export`): writes
     ``export_path/{export_name}.pt2`` (an AOTInductor package: the compiled graph and its
     weights) and ``export_path/dynamo.pbtxt`` (the readable graph); under a process group each
-    rank writes ``export_path/{export_name}{rank}.pt2`` and ``export_path/rank_{rank}/dynamo.pbtxt``.
+    rank writes ``export_path/{export_name}{rank}.pt2`` and
+    ``export_path/rank_{rank}/dynamo.pbtxt``.
     ``dynamic=True`` keeps the dims Dynamo treats as dynamic dynamic in the package. Returns the
     package's path; load it with :func:`torchair.load_export`.
     """
