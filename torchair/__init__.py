@@ -27,9 +27,10 @@ __version__ = "0.1.0"
 _LAZY = {"get_compiler": "torchair.core.backend", "get_npu_backend": "torchair.core.backend",
          "register_replacement": "torchair.patterns",
          "logger": "torchair.core.utils",
+         "dynamo_export": "torchair.export", "load_export": "torchair.export",
          "use_internal_format_weight": "torchair.experimental.inference",
          "npu_format_cast_via_cpu": "torchair.experimental.inference"}
-_LAZY_MODULES = ("compat", "experimental", "npu_fx_compiler", "patterns")
+_LAZY_MODULES = ("compat", "experimental", "export", "npu_export", "npu_fx_compiler", "patterns")
 
 
 def __getattr__(name: str):
@@ -96,10 +97,12 @@ def register_fx_node_ge_converter(aten_op: Any) -> Callable[[Callable], Callable
 __all__ = [
     "CompilerConfig",
     "GraphReport",
+    "dynamo_export",
     "get_compiler",
     "get_npu_backend",
     "graph_reports",
     "inference",
+    "load_export",
     "logger",
     "npu_format_cast_via_cpu",
     "ops",

@@ -60,6 +60,13 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
     ("torchair.ops", (WORKS, "module: the npu op library and TorchAir's graph utilities")),
     ("torchair.scope", (WORKS, "module: graph scopes")),
     ("torchair.experimental", (WORKS, "module: experimental.inference")),
+    ("torchair.dynamo_export", (WORKS, "TorchAir's signature and file layout; writes an "
+                                       "AOTInductor package (export_path/{export_name}.pt2, per "
+                                       "rank {export_name}{rank}.pt2) and dynamo.pbtxt instead of "
+                                       "an .air for ATC; torchair.load_export runs it without "
+                                       "the model's code")),
+    ("torchair.npu_export", (WORKS, "module: dynamo_export")),
+    ("torchair.npu_export.dynamo_export", (WORKS, "same object as torchair.dynamo_export")),
     ("torch.compile(backend='torchair')", (WORKS, "a torch_dynamo_backends entry point (TorchAir "
                                                   "relies on torch_npu's backend='npu'); "
                                                   "mode= and options= set CompilerConfig")),
@@ -140,9 +147,6 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
     ("torchair.experimental.inference.npu_format_cast_via_cpu",
      (NO_EFFECT, "see torchair.npu_format_cast_via_cpu")),
     # ---- not supported
-    ("torchair.dynamo_export", (NOT_SUPPORTED, "writes an Ascend GE graph (.air) for offline "
-                                               "inference; " + _GE + "; use torch.export or "
-                                               "config.debug.graph_dump")),
     ("torchair.llm_datadist", (NOT_SUPPORTED, "Ascend's LLM-DataDist KV transfer module")),
     ("torchair.llm_datadist.create_npu_tensors", (NOT_SUPPORTED, "builds tensors over raw NPU "
                                                                  "addresses registered with "

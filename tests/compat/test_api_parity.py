@@ -26,6 +26,7 @@ PEER_SUBMODULE_NAMES = [
     "torchair.scope.super_kernel", "torchair.scope.limit_core_num",
     "torchair.scope.op_never_timeout", "torchair.scope.data_dump",
     "torchair.npu_fx_compiler.get_npu_backend", "torchair.npu_fx_compiler.get_compiler",
+    "torchair.npu_export.dynamo_export",
     "torchair.patterns.pattern_pass_manager.register_replacement",
     "torchair.inference.cache_compile", "torchair.inference.readable_cache",
     "torchair.inference.set_dim_gears",
@@ -56,9 +57,7 @@ def test_every_listed_name_resolves(name):
 
 def test_unsupported_names_say_why():
     unsupported = [n for n, (s, _) in _parity.PUBLIC_API.items() if s == _parity.NOT_SUPPORTED]
-    assert "torchair.dynamo_export" in unsupported and "torchair.ge.Tensor" in unsupported
-    with pytest.raises(AttributeError, match="torchair.dynamo_export is not supported .*GE"):
-        torchair.dynamo_export
+    assert "torchair.dynamo_export" not in unsupported and "torchair.ge.Tensor" in unsupported
     with pytest.raises(AttributeError, match="torchair.llm_datadist is not supported"):
         torchair.llm_datadist
     with pytest.raises(AttributeError, match="npu_tagged_event_reset is not supported"):
@@ -82,6 +81,9 @@ def test_peer_module_paths_are_the_same_objects():
     assert torchair.experimental.inference is exp_inference
     assert torchair.compat.emulate_npu is not None
     assert torchair.logger is torchair.core.utils.logger
+    import torchair.npu_export as npu_export
+
+    assert npu_export.dynamo_export is torchair.dynamo_export is torchair.export.dynamo_export
     assert torchair.ops.NpuStreamSwitch is torchair.scope.npu_stream_switch
     assert torchair.ops.SuperKernelScope is torchair.scope.super_kernel
     assert torchair.ops.npu_wait_tensor is torchair.scope.npu_wait_tensor

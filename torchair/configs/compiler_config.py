@@ -226,29 +226,41 @@ class AoeConfig(ConfigNode):
 
 
 class ExportExperimentalConfig(ConfigNode):
-    """``export.experimental``."""
+    """``export.experimental``: options of ``torchair.dynamo_export``."""
 
     peer_name = "_ExportExperimentalConfig"
-    _WHY = "torchair.dynamo_export (offline .air export for Ascend's ATC) is not supported"
-    enable_record_nn_module_stack = Option(False, kind=BOOL, effect=NOT_SUPPORTED, why=_WHY,
-                                           doc="Record nn_module_stack on exported nodes.")
-    auto_atc_config_generated = Option(False, kind=BOOL, effect=NOT_SUPPORTED, why=_WHY,
+    enable_record_nn_module_stack = Option(False, kind=BOOL,
+                                           doc="Record each op's nn_module_stack in the "
+                                               "export's dynamo.pbtxt.")
+    auto_atc_config_generated = Option(False, kind=BOOL, effect=NO_EFFECT,
+                                       why="ATC's model_relation_config.json / numa_config.json "
+                                           "feed Ascend's offline compiler; the .pt2 packages "
+                                           "of dynamo_export need no such config",
                                        doc="Generate an ATC config next to the export.")
-    enable_lite_export = Option(False, kind=BOOL, effect=NOT_SUPPORTED, why=_WHY,
+    enable_lite_export = Option(False, kind=BOOL, effect=NO_EFFECT,
+                                why="the lite GE converters do not exist here; dynamo_export "
+                                    "compiles the ATen graph with AOTInductor",
                                 doc="Export with the lite converters.")
 
 
 class ExportConfig(ConfigNode):
-    """``export``: offline export (``dynamo_export``)."""
+    """``export``: offline export. TorchAir's ``dynamo_export`` fills these from its arguments."""
 
     peer_name = "_ExportConfig"
-    _WHY = ExportExperimentalConfig._WHY
-    export_mode = Option(False, kind=BOOL, effect=NOT_SUPPORTED, why=_WHY, doc="Offline export.")
-    export_path_dir = Option("./", kind=DIR, effect=NOT_SUPPORTED, why=_WHY,
+    _SET_BY_EXPORT = ("dynamo_export takes the directory and file name as its export_path / "
+                      "export_name arguments and finds the weights itself")
+    export_mode = Option(False, kind=BOOL, effect=NOT_SUPPORTED,
+                         why="exporting from a torch.compile backend with export_mode=True is not "
+                             "supported: call torchair.dynamo_export(*inputs, model=model, ...)",
+                         doc="Offline export.")
+    export_path_dir = Option("./", kind=DIR, effect=NO_EFFECT, why=_SET_BY_EXPORT,
                              doc="Export output directory.")
-    export_name = Option(None, kind=ANY, effect=NOT_SUPPORTED, why=_WHY, doc="Export file name.")
-    weight_name = Option(None, kind=ANY, effect=NOT_SUPPORTED, why=_WHY, doc="Weight file name.")
-    inputs_name = Option(None, kind=ANY, effect=NOT_SUPPORTED, why=_WHY, doc="Input names.")
+    export_name = Option(None, kind=ANY, effect=NO_EFFECT, why=_SET_BY_EXPORT,
+                         doc="Export file name.")
+    weight_name = Option(None, kind=ANY, effect=NO_EFFECT, why=_SET_BY_EXPORT,
+                         doc="Weight file name.")
+    inputs_name = Option(None, kind=ANY, effect=NO_EFFECT, why=_SET_BY_EXPORT,
+                         doc="Input names.")
     experimental = SubConfig(ExportExperimentalConfig, doc="Experimental export options.")
 
 

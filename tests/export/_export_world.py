@@ -1,0 +1,52 @@
+"""Each rank of a 2-process gloo world exports AllReduceModel with dynamo_export (dynamic, the
+weights beside the shared library), then loads its own package with load_export and compares it
+with eager at the example size and at another one (spawned by test_dynamo_export.py)."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+
+
+def worker(rank: int, world: int, port: int, export_path: str, out_dir: str) -> None:
+    result: dict = {}
+    try:
+        import torch
+        import torch.distributed as dist
+
+        import torchair
+        from torchair.export import _export
+        from _export_models import AllReduceModel
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=120))
+        model = AllReduceModel()
+        _export.EXTERNAL_WEIGHTS_BYTES = 0  # as TorchAir's test shrinks its limit
+        x, y = torch.ones(4, 2) * (rank + 1), torch.full((4, 2), 0.5)
+        result["path"] = torchair.npu_export.dynamo_export(x, y, model=model,
+                                                           export_path=export_path, dynamic=True)
+        loaded = torchair.load_export(export_path)  # this rank's package
+        result["weights"] = loaded.spec["weights"]
+        result["equal"], result["out"] = [], []
+        for n in (4, 3):  # the example size, then another one
+            x, y = torch.ones(n, 2) * (rank + 1), torch.full((n, 2), 0.5)
+            out = loaded(x, y)
+            ref = model(x.clone(), y)
+            result["equal"].append(bool(torch.allclose(out, ref)))
+            result["out"].append(out.tolist())
+        for name, args in (("range_error", (torch.ones(1, 2), torch.ones(1, 2))),
+                           ("equal_error", (torch.ones(3, 2), torch.ones(4, 2)))):
+            try:  # rejected before the package runs (no collective is started)
+                loaded(*args)
+                result[name] = None
+            except ValueError as exc:
+                result[name] = str(exc)
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - reported to the parent
+        result["error"] = traceback.format_exc()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+    sys.stdout.flush()
