@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 import torchair
+from torchair.compat import emulate_npu
 
 import _export_models as models  # noqa: E402 - beside this file (pytest puts it on sys.path)
 
@@ -47,8 +48,12 @@ def static_export(tmp_path_factory, rank_world):  # the ranks compile while this
     config = torchair.CompilerConfig()
     config.export.experimental.enable_record_nn_module_stack = True
     x, y = _inputs(2, 4)
-    pkg = torchair.dynamo_export(x, y=y, scale=3, model=models.TinyModel().eval(),
-                                 export_path=str(path), export_name="tiny", config=config)
+    # exported as an Ascend script would (under `torchair run`): the emulation's device mode is
+    # on the stack while Dynamo traces; the package then runs in plain processes
+    with emulate_npu("cpu"):
+        pkg = torchair.dynamo_export(x.npu(), y=y.to("npu:0"), scale=3,
+                                     model=models.TinyModel().npu().eval(),
+                                     export_path=str(path), export_name="tiny", config=config)
     return path, pkg
 
 
