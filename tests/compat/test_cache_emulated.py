@@ -329,3 +329,90 @@ def test_ranks_gears_scopes_and_threads_together_warm_start(tmp_path):
     assert cold[0]["outs"] == cold[1]["outs"]  # all_reduce: both ranks hold the full product
     entries = sorted(p.parent.parent.name for p in (tmp_path / "cache").rglob("meta.json"))
     assert entries == ["world2global_rank0_tp_rank0", "world2global_rank1_tp_rank1"], entries
+
+
+TRANSFER = '''
+import json, torch, torch_npu, torchair
+from torch_npu.contrib import transfer_to_npu  # before Dynamo builds its table of torch functions
+
+
+def f(x):  # eager takes the "cuda" branch (the NPU, the CPU here): compiled must take it too
+    dev = "cuda" if torch.cuda.is_available() else "meta"
+    return x.to(dev) + torch.cuda.device_count()
+
+
+config = torchair.CompilerConfig()
+config.debug.run_eagerly = True
+x = torch.ones(2)
+compiled = torch.compile(f, backend=torchair.get_npu_backend(compiler_config=config),
+                         fullgraph=True)(x)
+print(json.dumps({"eager": [str(f(x).device), f(x).tolist()],
+                  "compiled": [str(compiled.device), compiled.tolist()]}))
+'''
+
+
+def test_transfer_to_npu_answers_the_same_compiled_as_eager(tmp_path):
+    """transfer_to_npu on a CPU emulation: torch.cuda.is_available() / device_count() give the
+    NPU's answers in code Dynamo traces too (they were torch's: False, and a graph break), so a
+    branch on them is the same compiled as eager."""
+    script = tmp_path / "transfer.py"
+    script.write_text(TRANSFER)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "torchair", "run", "--device", "cpu",
+                           str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["eager"] == result["compiled"] == ["cpu", [2.0, 2.0]], result
+
+
+def test_a_thread_started_before_the_emulation_keys_apart_from_a_plain_process():
+    """A thread started before emulate_npu has no device mode on its stack, yet traces under
+    the emulation's process-wide torch.device stand-in ("npu" folds to the CPU): its key and
+    mode checks name the emulation, so a plain process never gets its entries (the entry's
+    `torch.device("npu", 0)` raises there, as eager does)."""
+    import threading
+
+    model = Step()
+
+    def key():
+        return keys.key_parts(model.step, _fx(), True, None)["function_modes"]
+
+    plain = key()
+    keys_seen = {}
+    go = threading.Event()
+
+    def worker():
+        go.wait(30)
+        keys_seen["thread"] = key()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    with emulate_npu("cpu"):
+        go.set()
+        thread.join(30)
+        main = key()
+    assert plain == [] and keys_seen["thread"] != plain
+    assert keys_seen["thread"] == [t for t in main if t.startswith("process: ")]
+    assert main[0] in keys_seen["thread"][0]  # the same mode, seen process-wide
+
+
+def test_npu_method_inside_a_cached_function_is_cached(tmp_path, torchair_log):
+    """`x.npu()` and `x.to(0)` inside the cached method (Ascend code does both): Dynamo guards
+    the emulated method's defaults (`torch.preserve_format`); the entry is saved and served."""
+    class Move(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def step(self, x):
+            return self.linear(x.npu()) + x.to(0)
+
+    with emulate_npu("cpu"):
+        model = Move()
+        cached = cache_compile(model.step, config=_fx(), cache_dir=str(tmp_path / "c"))
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            for k in range(2):
+                assert torch.equal(cached(x + k), model.step(x + k))
+    assert not _warnings(torchair_log), _warnings(torchair_log)
+    assert len(list((tmp_path / "c").rglob("meta.json"))) == 1

@@ -163,15 +163,18 @@ def unroute_factories(added: list) -> None:
             overridable.difference_update(added)
 
 
-def routes_factories_after_compile(compile_fn: Callable, added: list) -> Callable:
+def routes_factories_after_compile(compile_fn: Callable, added: list,
+                                   after: Callable[[], None] | None = None) -> Callable:
     """``torch.compile`` that calls :func:`route_factories` once it has imported Dynamo,
     collecting what it added in ``added`` (the emulation does not import Dynamo itself: 1.6 s
-    for scripts that never compile)."""
+    for scripts that never compile), then ``after()``."""
 
     @functools.wraps(compile_fn)
     def compile_(*args: Any, **kwargs: Any) -> Any:
         result = compile_fn(*args, **kwargs)
         added.extend(route_factories())
+        if after is not None:
+            after()
         return result
 
     return compile_

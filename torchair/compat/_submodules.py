@@ -98,12 +98,37 @@ class TorchNpuFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.served.clear()
 
 
+_SCRIPT_WRAPPERS: list = []  # what _for_scripts made, for inline_script_wrappers
+
+
+def inline_script_wrappers() -> None:
+    """Keep the ``torch.cuda`` stand-ins of :func:`_for_scripts` out of Dynamo's table of torch
+    functions. Dynamo builds that table once, by name: built after transfer_to_npu, it took the
+    stand-ins for torch ops and called them at trace time (torch's answer); out of it, Dynamo
+    inlines them and they give the script's. Called after each ``torch.compile`` of an
+    emulated script and when transfer_to_npu is imported; nothing before Dynamo is imported."""
+    if not _SCRIPT_WRAPPERS or "torch._dynamo" not in sys.modules:
+        return
+    try:
+        from torch._dynamo import trace_rules
+
+        rules = trace_rules.get_torch_obj_rule_map()
+    except (ImportError, AttributeError):  # another PyTorch's internals: torch's answer stays
+        return
+    for wrapper in _SCRIPT_WRAPPERS:
+        rules.pop(wrapper, None)
+
+
 def _for_scripts(original: Any, npu: Any) -> Any:
-    """``npu`` for the script's calls, ``original`` for torch's own modules and traced code.
+    """``npu`` for the script's calls, eager and traced; ``original`` for torch's own modules.
 
     torch asks ``torch.cuda`` too (Dynamo saves the CUDA RNG state when
     ``torch.cuda.is_available()``, the DataLoader pins memory ...): there the answers stay the
-    CPU build's. Classes (``Stream``, ``Event``, ``device``) are replaced as they are."""
+    CPU build's. Code Dynamo traces gets the script's answer, as eager does (the NPU's, folded
+    to a constant), so a function that branches on ``torch.cuda.is_available()`` takes the same
+    branch compiled; the emulation's ``cuda`` flag, in its mode's tag, keeps cache_compile
+    entries traced with and without transfer_to_npu apart. Classes (``Stream``, ``Event``,
+    ``device``) are replaced as they are."""
     import torch
 
     if isinstance(npu, type) or not callable(npu):
@@ -111,12 +136,20 @@ def _for_scripts(original: Any, npu: Any) -> Any:
 
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling():
-            caller = sys._getframe(1).f_globals.get("__name__", "")
-            if caller != "torch" and not caller.startswith("torch."):
-                return npu(*args, **kwargs)
+        if torch.compiler.is_dynamo_compiling():  # True only in code Dynamo traces: the
+            return npu(*args, **kwargs)  # script's (Dynamo folds the NPU's answer)
+        if torch.compiler.is_compiling():  # Dynamo's / AOTAutograd's own calls while compiling
+            return original(*args, **kwargs)
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller != "torch" and not caller.startswith("torch."):
+            return npu(*args, **kwargs)
         return original(*args, **kwargs)
 
+    # torchair's own function to Dynamo, which inlines it (as torch.cuda's, it was taken for a
+    # torch op and called at trace time, with torch's answer)
+    call.__module__ = __name__
+    del call.__wrapped__  # (Dynamo's trace rules look through it to the torch function)
+    _SCRIPT_WRAPPERS.append(call)
     return call
 
 

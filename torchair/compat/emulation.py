@@ -35,8 +35,10 @@ from torchair.compat._mode import (NpuDeviceMode, make_device_class, pop_mode, r
                                    routes_factories_after_compile, unroute_factories)
 from torchair.compat._npu_namespace import make_npu_namespace
 from torchair.compat._streams import HostStream
-from torchair.compat._submodules import TorchNpuFinder, make_package, transfer_patches
+from torchair.compat._submodules import (TorchNpuFinder, inline_script_wrappers, make_package,
+                                         transfer_patches)
 from torchair.compat._torch_npu import make_torch_npu
+from torchair.core.function_modes import register_process_mode
 from torchair.core.utils import logger
 
 __all__ = ["Emulation", "emulate_npu", "is_emulated", "restore"]
@@ -56,6 +58,7 @@ class Emulation:
         self.device = device
         self._owner = owner  # only the call that installed the patches undoes them on exit
         self._undo: list[Callable[[], None]] = []
+        self.mode: NpuDeviceMode | None = None  # the device mode, on the installing thread
 
     @property
     def emulated(self) -> bool:
@@ -129,6 +132,14 @@ def _real_torch_npu() -> bool:
     return True
 
 
+def _active_mode() -> NpuDeviceMode | None:
+    return _active.mode if _active is not None else None
+
+
+# the emulation's patches beside its mode (the torch.device stand-in) act in every thread
+register_process_mode(_active_mode)
+
+
 def emulate_npu(device: str | torch.device | None = None) -> Emulation:
     """Make scripts written for Ascend (``torch_npu`` + TorchAir) run unchanged on CPU or CUDA.
 
@@ -175,6 +186,7 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
                 emulation._set(owner, name, value)
             mode.cuda = True
             emulation._undo.append(lambda: setattr(mode, "cuda", False))
+            inline_script_wrappers()
 
     finder = TorchNpuFinder(transfer_to_npu)
     emulation._set(sys.modules, "torch_npu", make_package(torch_npu))
@@ -194,13 +206,14 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
     emulation._set(torch.nn.Module, "npu", module_npu)
     emulation._set(torch, "device", make_device_class(str(target), mode))
     emulation._push_mode(mode)
+    emulation.mode = mode
     emulation._set(threading.Thread, "_bootstrap_inner", thread_bootstrap(mode))
     emulation._undo.extend(child_env_patches(str(target)))
     routed: list = []  # factories Dynamo routes through the mode because of us (torch 2.11)
     if "torch._dynamo" in sys.modules:
         routed += route_factories()
-    else:
-        emulation._set(torch, "compile", routes_factories_after_compile(torch.compile, routed))
+    emulation._set(torch, "compile", routes_factories_after_compile(torch.compile, routed,
+                                                                    inline_script_wrappers))
     emulation._undo.append(lambda: unroute_factories(routed))
     _active = emulation
     logger.info("torch_npu emulated by torchair: the NPU is %s", target)

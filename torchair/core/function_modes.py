@@ -6,7 +6,9 @@ another process, so it refuses to cache a function traced under one. A mode regi
 different: its class and its own attributes fully decide what it does to a traced call (the
 ``torch_npu`` emulation's device mode maps ``"npu"`` to one fixed device), so an entry traced
 under it can be served to a process whose stack holds an equal mode. :func:`stack_tags`
-describes the current stack as text tags that go into the entry's key and its guards.
+describes the current stack as text tags that go into the entry's key and its guards;
+:func:`process_modes` adds the modes whose effect is process-wide (the emulation's, seen from a
+thread whose own stack is empty).
 
 This module sits low in the layer stack: ``torchair.compat`` registers its mode here and
 ``torchair.inference`` reads the stack, without either importing the other.
@@ -17,9 +19,11 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["UnknownMode", "register_cacheable_mode", "stack_modes", "stack_tags", "tag_of"]
+__all__ = ["UnknownMode", "process_modes", "register_cacheable_mode", "register_process_mode",
+           "stack_modes", "stack_tags", "tag_of"]
 
 _KNOWN: dict[type, Callable[[Any], str]] = {}
+_PROCESS: list[Callable[[], Any]] = []
 
 
 class UnknownMode(Exception):
@@ -53,6 +57,22 @@ def register_cacheable_mode(cls: type, tag: Callable[[Any], str] | None = None) 
         raise ValueError(f"register_cacheable_mode: {cls.__qualname__} is already registered")
     _KNOWN[cls] = tag or _state_tag
     return cls
+
+
+def register_process_mode(active: Callable[[], Any]) -> None:
+    """Register ``active()``: the registered mode whose effect reaches every thread of the
+    process, or None. The torch_npu emulation's mode lives on one thread's stack, but what it
+    installs beside it (the ``torch.device`` stand-in that folds ``"npu"`` while tracing) acts
+    in every thread; a thread started before the emulation traces under it with an empty stack,
+    so the cache keys and checks this too."""
+    _PROCESS.append(active)
+
+
+def process_modes() -> tuple:
+    """The process-wide modes (see :func:`register_process_mode`) active now."""
+    if not _PROCESS:
+        return ()
+    return tuple(mode for mode in (active() for active in _PROCESS) if mode is not None)
 
 
 def stack_modes() -> tuple:

@@ -107,6 +107,8 @@ def mode_tags() -> list[str]:
     for mode in function_modes.stack_modes():
         with contextlib.suppress(function_modes.UnknownMode):
             tags.append(function_modes.tag_of(mode))
+    # the emulation's process-wide patches, also seen from a thread whose stack is empty
+    tags += ["process: " + function_modes.tag_of(m) for m in function_modes.process_modes()]
     return tags
 
 

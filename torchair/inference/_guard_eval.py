@@ -264,8 +264,8 @@ def _mode_stack_depth() -> int:
 
 
 def _stack_text() -> str:
-    """The current torch-function mode stack, for a warning."""
-    modes = function_modes.stack_modes()
+    """The current torch-function mode stack and process-wide modes, for a warning."""
+    modes = function_modes.stack_modes() + function_modes.process_modes()
     if not modes:
         return "now no mode"
     texts = []
@@ -394,10 +394,11 @@ class _Compiler:
         return lambda values: value
 
     def _Attribute(self, node: ast.Attribute) -> Fn:
-        """``torch.float32``: a dtype constant (other attributes are read only from sources)."""
+        """``torch.float32``, ``torch.preserve_format``, ``torch.strided``: a dtype, memory
+        format or layout constant (other attributes are read only from sources)."""
         value = getattr(torch, node.attr, None)
         if not (isinstance(node.value, ast.Name) and node.value.id == "torch"
-                and isinstance(value, torch.dtype)):
+                and isinstance(value, (torch.dtype, torch.memory_format, torch.layout))):
             raise self.fail(f"unsupported attribute `{ast.unparse(node)}`")
         return lambda values: value
 
@@ -803,7 +804,8 @@ class GuardSet:
                 self.state = rec["state"]
             elif kind == "TORCH_FUNCTION_MODE_STACK":
                 self.modes = int(rec["depth"])
-                self.mode_tags = list(rec.get("modes", ()))
+                # the stack's modes, then the process-wide ones (function_modes.process_modes)
+                self.mode_tags = list(rec.get("modes", ())) + list(rec.get("process", ()))
             else:
                 for code in rec["code"]:
                     read: set[int] = set()
@@ -830,18 +832,19 @@ class GuardSet:
         return len(self.guards)
 
     def _modes_differ(self) -> str:
-        """Why this thread's torch-function mode stack is not the one traced under ("" when it
-        is): the same depth, and each mode a registered one with an equal tag."""
+        """Why this thread's torch-function mode stack, with the process-wide modes, is not the
+        one traced under ("" when it is): the same depth, and each mode a registered one with
+        an equal tag."""
         if self.modes is None:
             return ""
         if _mode_stack_depth() != self.modes:
-            if not self.modes:
+            if not self.modes and not self.mode_tags:
                 return "a TorchFunctionMode is active (e.g. torch.device as a context manager)"
             return (f"the TorchFunctionMode stack differs from the one traced under "
-                    f"({', '.join(self.mode_tags)}): {_stack_text()}")
-        if not self.modes:
-            return ""
-        modes = function_modes.stack_modes()
+                    f"({', '.join(self.mode_tags) or 'no mode'}): {_stack_text()}")
+        modes = function_modes.stack_modes() + function_modes.process_modes()
+        if not modes and not self.mode_tags:
+            return ""  # traced and called without any mode (the plain process)
         seen = self._modes_seen  # the modes whose tags matched last, with their attributes
         if len(modes) == len(seen) and all(
                 a is b and vars(a) == state for a, (b, state) in zip(modes, seen)):
@@ -852,7 +855,7 @@ class GuardSet:
             tags = None
         if tags != self.mode_tags:
             return (f"the TorchFunctionMode stack differs from the one traced under "
-                    f"({', '.join(self.mode_tags)}): {_stack_text()}")
+                    f"({', '.join(self.mode_tags) or 'no mode'}): {_stack_text()}")
         self._modes_seen = tuple((m, dict(vars(m))) for m in modes)
         return ""
 
@@ -961,8 +964,7 @@ class GuardSet:
         ignores, such as the thread count) falls back to the full comparison."""
         if self.state is None:
             return self._process_state()
-        if self.modes is not None and (_mode_stack_depth() != self.modes or self.modes and
-                                       self._modes_differ()):
+        if self._modes_differ():
             return self._process_state()
         if (self._state_snapshot is not None and self._state_snapshot.check()
                 and _snapshot_blind_spots() == self._blind_spots):

@@ -101,6 +101,7 @@ def _record(kind: str, source: str, parts: list[str], manager: Any, frame: dict,
         rec["state"] = global_state()
     elif kind == "TORCH_FUNCTION_MODE_STACK":
         rec["depth"], rec["modes"] = _mode_stack()
+        rec["process"] = [function_modes.tag_of(m) for m in function_modes.process_modes()]
     elif code and code[0].startswith("___check_fake_script_type(") and _is_process_group(
             source, frame, globals_):
         rec["advisory"] = "the script type of a ProcessGroup: implied by its ID_MATCH"
