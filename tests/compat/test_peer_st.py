@@ -124,3 +124,69 @@ def test_ge_data_dump(tmp_path, monkeypatch):
     assert _attr(add_01, "torchair_enable_data_dump") == ""
     assert _attr(add_02, "torchair_enable_data_dump") == "True"
     assert not (tmp_path / "ge_dump_data_json").exists()
+
+
+# ------------------------------------------------------------------------ torchair_st.py
+
+def test_post_grad_custom_fn(torchair_log):
+    """torchair_st.py::test_post_grad_custom_fn: TorchAir's DEBUG lines before and after each
+    custom pass (what its users grep for)."""
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            mm = torch.mm(x, x)
+            abs1 = torch.abs(x)
+            add = torch.add(x, 1)
+            sub = torch.sub(abs1, add)
+            return torch.add(mm, sub)
+
+    def _custom_pre_fn(gm, example_inputs, compile_config: torchair.CompilerConfig):
+        return None
+
+    def _custom_post_fn(gm, example_inputs, compile_config: torchair.CompilerConfig):
+        return None
+
+    custom_config = CompilerConfig()
+    custom_config.debug.run_eagerly = True
+    custom_config.post_grad_custom_pre_pass = _custom_pre_fn
+    custom_config.post_grad_custom_post_pass = _custom_post_fn
+    npu_custom_backend = torchair.get_npu_backend(compiler_config=custom_config)
+    opt_model = torch.compile(Model(), backend=npu_custom_backend, dynamic=True)
+    opt_model(torch.randn(2, 2))
+
+    output = [f"{r.levelname}:{r.name}:{r.getMessage()}" for r in torchair_log]
+    for line in ("[forward] before [post_grad_custom_pre_pass] execution",
+                 "[forward] after [post_grad_custom_pre_pass] execution",
+                 "[forward] before [post_grad_custom_post_pass] execution",
+                 "[forward] after [post_grad_custom_post_pass] execution"):
+        assert any(line in log and log.startswith("DEBUG:torchair:") for log in output), \
+            (line, output)
+    before = next(log for log in output if "before [post_grad_custom_pre_pass]" in log)
+    assert ", graph is graph():" in before  # then the FX graph, as TorchAir prints it
+
+
+def test_dump_node_info(tmp_path, monkeypatch):
+    """torchair_st.py::test_dump_node_info: the py dump of the original graph has a ``## FX Code``
+    line per op, each node with its dtype, shape and device. (TorchAir's test expects the symbol
+    s0: PyTorch >= 2.6 names symbols by a hash of their source, s77 and the like, TorchAir too.)"""
+    class Model(torch.nn.Module):
+        def forward(self, x, y, z):
+            return torch.add(input=x, other=y, alpha=z)
+
+    monkeypatch.chdir(tmp_path)
+    test_config = torchair.CompilerConfig()
+    test_config.debug.run_eagerly = True
+    test_config.debug.graph_dump.type = "py"
+    test_config.debug.graph_dump.path = "./test_dump_node_info/graphs"
+    os.makedirs("./test_dump_node_info/graphs")
+    test_model = torch.compile(Model(), backend=torchair.get_npu_backend(
+        compiler_config=test_config), dynamic=True)
+    test_model(torch.randn(4, 4), torch.randn(4, 4), 1)
+
+    path = test_config.debug.graph_dump.path
+    dump_file_path = [f for f in os.listdir(path) if f.endswith(".py") and "original" in f][0]
+    with open(os.path.join(path, dump_file_path), "r") as dump_file:
+        dump_line = [line for line in dump_file.readlines() if line.startswith("## FX Code")][0]
+    sym = re.search(r"add: torch\.float32\[(s\d+), ", dump_line).group(1)
+    assert f"add: torch.float32[{sym}, {sym}]cpu" in dump_line
+    assert f"arg1_1: torch.float32[{sym}, {sym}]cpu" in dump_line
+    assert f"arg2_1: torch.float32[{sym}, {sym}]cpu" in dump_line
