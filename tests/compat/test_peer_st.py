@@ -166,7 +166,8 @@ def test_post_grad_custom_fn(torchair_log):
 
 def test_dump_node_info(tmp_path, monkeypatch):
     """torchair_st.py::test_dump_node_info: the py dump of the original graph has a ``## FX Code``
-    line per op, each node with its dtype, shape and device. (TorchAir's test expects the symbol
+    line per op, each node with its dtype, shape and device, and the path option reads back as
+    its real path. (TorchAir's test expects the symbol
     s0: PyTorch >= 2.6 names symbols by a hash of their source, s77 and the like, TorchAir too.)"""
     class Model(torch.nn.Module):
         def forward(self, x, y, z):
@@ -183,6 +184,7 @@ def test_dump_node_info(tmp_path, monkeypatch):
     test_model(torch.randn(4, 4), torch.randn(4, 4), 1)
 
     path = test_config.debug.graph_dump.path
+    assert path == os.path.realpath("./test_dump_node_info/graphs")  # TorchAir stores realpath
     dump_file_path = [f for f in os.listdir(path) if f.endswith(".py") and "original" in f][0]
     with open(os.path.join(path, dump_file_path), "r") as dump_file:
         dump_line = [line for line in dump_file.readlines() if line.startswith("## FX Code")][0]
