@@ -418,7 +418,10 @@ def test_dump_path_missing_but_creatable_is_accepted_as_its_real_path(dotted, tm
     assert _get(config, dotted) is None
 
 
-def test_a_created_dump_directory_is_used(tmp_path):
+def test_a_dump_directory_is_created_and_a_later_bad_one_is_named(tmp_path):
+    """Accepted when missing, created by the first dump; a directory that turns bad after the
+    option was set fails with TorchAir's dump-time type and text (RuntimeError 'Failed to make
+    directory: ...'), naming the option instead of a raw OSError."""
     import torch
 
     import torchair
@@ -430,6 +433,16 @@ def test_a_created_dump_directory_is_used(tmp_path):
     fn = torch.compile(lambda x: x + 1, backend=torchair.get_npu_backend(compiler_config=config))
     fn(torch.ones(2))
     assert len(os.listdir(tmp_path / "new" / "graphs")) == 2  # original and optimized
+
+    config.debug.graph_dump.path = str(tmp_path / "later")
+    (tmp_path / "later").write_text("")  # a file now stands where the directory was to be
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x + 2, backend=torchair.get_npu_backend(compiler_config=config))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
+                       match=rf"RuntimeError: Failed to make directory: {tmp_path}/later "
+                             rf"\(FileExistsError: File exists\); set "
+                             rf"config\.debug\.graph_dump\.path to a directory"):
+        fn(torch.ones(2))
 
 
 def test_allowed_values_do_not_confuse_bool_and_int():
