@@ -68,6 +68,19 @@ def test_unsupported_names_say_why():
         torchair.nothing_here
 
 
+def test_npu_stream_switch_signature_is_torchairs():
+    """torchair_public_bindings_st.py compares public signatures with TorchAir's: its
+    npu_stream_switch is (stream_tag: str, stream_priority: int = 0, enable_inner_parallel: bool
+    = True)."""
+    import inspect
+
+    params = inspect.signature(torchair.scope.npu_stream_switch).parameters
+    assert [(p.name, p.default) for p in params.values()] == [
+        ("stream_tag", inspect.Parameter.empty), ("stream_priority", 0),
+        ("enable_inner_parallel", True)]
+    assert torchair.scope.npu_stream_switch("s").enable_inner_parallel is True
+
+
 def test_peer_module_paths_are_the_same_objects():
     import torchair.experimental.inference as exp_inference
     import torchair.npu_fx_compiler as fx_compiler

@@ -1,5 +1,6 @@
 import copy
 import logging
+import os
 import pickle
 import re
 
@@ -90,7 +91,7 @@ ALLOWED = {
     "mode": ["max-autotune", "reduce-overhead", "npugraph_ex"],
     "debug.run_eagerly": [True, False],
     "debug.graph_dump.type": [None, "txt", "pbtxt", "py"],
-    "debug.graph_dump.path": [None, "/tmp/dumps", "relative/dir"],
+    "debug.graph_dump.path": [None, os.path.realpath("/tmp/dumps")],  # relative: see below
     "debug.data_dump.type": [None, "npy"],
     "debug.fx_summary.type": [None, "csv"],
     "experimental_config.tiling_schedule_optimize": [True, False],
@@ -356,8 +357,92 @@ def test_bool_options_reject_non_bools(dotted, value):
 @pytest.mark.parametrize("value", [3, b"/tmp", True, ["/tmp"]])
 def test_path_rejects_non_paths(value):
     config = CompilerConfig()
-    with pytest.raises(ValueError, match=r"'debug\.graph_dump\.path'.*str or os\.PathLike"):
+    with pytest.raises(ValueError, match=r"str or os\.PathLike.*'debug\.graph_dump\.path'"):
         config.debug.graph_dump.path = value
+
+
+# ------------------------------------------------------------ dump directories (issue 33)
+DUMP_PATHS = ["debug.graph_dump.path", "debug.data_dump.path", "debug.fx_summary.path"]
+
+
+@pytest.mark.parametrize("dotted", DUMP_PATHS)
+def test_dump_path_that_is_a_file_fails_when_set(dotted, tmp_path):
+    """Was: accepted, then every call raised a raw OSError. Now TorchAir's error for a bad dir
+    path (FileNotFoundError, 'Please set legal dir path, ...') when set, naming the option, the
+    path and the fix; the option keeps its value."""
+    config = CompilerConfig()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    for bad, why in [(str(a_file), f"{a_file} is an existing file"),
+                     ("/etc/passwd/x", "/etc/passwd is a file, so no directory /etc/passwd/x "
+                                       "can be created under it")]:
+        with pytest.raises(FileNotFoundError) as info:
+            _set(config, dotted, bad)
+        msg = str(info.value)
+        assert msg.startswith(f"Please set legal dir path, {bad} is not found or is not a file "
+                              f"directory! {why}: set the path of a directory"), msg
+        assert f"Option '{dotted}' expects None or a directory" in msg
+        assert _get(config, dotted) is None
+
+
+@pytest.mark.parametrize("dotted", DUMP_PATHS)
+def test_dump_path_not_writable_fails_when_set(dotted, tmp_path, monkeypatch):
+    """A read-only directory (simulated: tests run as root, and root may write anywhere)."""
+    readonly = str(tmp_path / "ro")
+    os.mkdir(readonly)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: (
+        False if os.fspath(p) == readonly else real_access(p, mode, **kw)))
+    config = CompilerConfig()
+    with pytest.raises(PermissionError, match=rf"^The path permission check failed: {readonly}\. "
+                                              rf"{readonly} is not writable by this process: "
+                                              rf"choose a directory it can write\. Option "
+                                              rf"'{re.escape(dotted)}' expects"):
+        _set(config, dotted, readonly)
+    with pytest.raises(PermissionError, match=rf"failed: {readonly}\. {readonly}, where "
+                                              rf"{readonly}/new/sub would be created, is not"):
+        _set(config, dotted, readonly + "/new/sub")
+
+
+@pytest.mark.parametrize("dotted", DUMP_PATHS)
+def test_dump_path_missing_but_creatable_is_accepted_as_its_real_path(dotted, tmp_path,
+                                                                        monkeypatch):
+    config = CompilerConfig()
+    _set(config, dotted, str(tmp_path / "new" / "sub"))
+    assert _get(config, dotted) == str(tmp_path / "new" / "sub")
+    assert not (tmp_path / "new").exists()  # created by the first dump, not here
+    monkeypatch.chdir(tmp_path)  # relative: stored as the real path (TorchAir's realpath)
+    _set(config, dotted, "rel/dir")
+    assert _get(config, dotted) == os.path.realpath(tmp_path / "rel" / "dir")
+    _set(config, dotted, None)
+    assert _get(config, dotted) is None
+
+
+def test_a_dump_directory_is_created_and_a_later_bad_one_is_named(tmp_path):
+    """Accepted when missing, created by the first dump; a directory that turns bad after the
+    option was set fails with TorchAir's dump-time type and text (RuntimeError 'Failed to make
+    directory: ...'), naming the option instead of a raw OSError."""
+    import torch
+
+    import torchair
+
+    config = CompilerConfig()
+    config.debug.run_eagerly = True
+    config.debug.graph_dump.type = "txt"
+    config.debug.graph_dump.path = str(tmp_path / "new" / "graphs")
+    fn = torch.compile(lambda x: x + 1, backend=torchair.get_npu_backend(compiler_config=config))
+    fn(torch.ones(2))
+    assert len(os.listdir(tmp_path / "new" / "graphs")) == 2  # original and optimized
+
+    config.debug.graph_dump.path = str(tmp_path / "later")
+    (tmp_path / "later").write_text("")  # a file now stands where the directory was to be
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: x + 2, backend=torchair.get_npu_backend(compiler_config=config))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed,
+                       match=rf"RuntimeError: Failed to make directory: {tmp_path}/later "
+                             rf"\(FileExistsError: File exists\); set "
+                             rf"config\.debug\.graph_dump\.path to a directory"):
+        fn(torch.ones(2))
 
 
 def test_allowed_values_do_not_confuse_bool_and_int():

@@ -227,3 +227,43 @@ def test_reports_are_graph_reports():
     (report,) = _run_path4_setup(backend)
     assert isinstance(report, torchair.GraphReport)
     assert torchair.graph_reports()[-1] is report
+
+
+# ---- a failing custom pass is named -------------------------------------------------------
+
+def _bad_pre_pass(gm, example_inputs, config):
+    return {}["missing"]
+
+
+class _Passes:
+    @staticmethod
+    def bad_post_pass(gm, example_inputs, config):
+        raise ValueError("no such node")
+
+
+@pytest.mark.parametrize("hook, fn, cls, text, qualname", [
+    ("post_grad_custom_pre_pass", _bad_pre_pass, KeyError, "KeyError: 'missing'",
+     "_bad_pre_pass"),
+    ("post_grad_custom_post_pass", _Passes.bad_post_pass, ValueError, "ValueError: no such node",
+     "_Passes.bad_post_pass"),
+])
+def test_a_failing_custom_pass_is_named(hook, fn, cls, text, qualname):
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = True
+    setattr(config, hook, fn)
+    expected = (f"custom pass {__name__}.{qualname} (config.{hook}) raised {text}. The error is "
+                f"in this pass")
+    # called directly: the original type, the original exception as __cause__
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with pytest.raises(cls) as info:
+        torchair.get_compiler(config)(gm, [torch.ones(2)])
+    assert str(info.value).startswith(expected), str(info.value)
+    assert f"set config.{hook} = None" in str(info.value)
+    assert type(info.value.__cause__) is cls and info.value.__cause__ is not info.value
+    # through torch.compile: the message the user sees names the pass and the hook
+    compiled = torch.compile(lambda x: x * 2, backend=torchair.get_npu_backend(
+        compiler_config=config))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        compiled(torch.ones(2))
+    assert f"{cls.__name__}: {expected}" in str(info.value), str(info.value)
+    assert isinstance(info.value.inner_exception, cls)

@@ -138,7 +138,9 @@ def test_sizes_allowed_alone_but_not_together_under_zip():
     (None, {0: [2]}, r"Length of gears for dim index 0 in dim_gears must be in range \[2, 100\], "
                      r"but got 1."),
     (None, {0: list(range(1, 102))}, "must be in range \\[2, 100\\], but got 101."),
-    (None, {0: [2, 0]}, r"the gears of dim index 0 must be positive; got 0 in \[2, 0\]"),
+    (None, {0: [2, 0]}, r"^Gear value at index 1 for dim index 0 must not be 0, but got 0.$"),
+    (None, {0: [0]}, r"^Gear value at index 0 for dim index 0 must not be 0"),  # before length
+    (None, {0: [2, -4]}, r"the gears of dim index 0 must be positive; got -4 in \[2, -4\]"),
 ])
 def test_set_dim_gears_rejects(tensor, dim_gears, message):
     tensor = torch.ones(2, 3) if tensor is None else tensor
@@ -175,14 +177,50 @@ def _dims(*sizes):
 def test_merge_policies():
     assert merge_gears(_dims([2, 4], [3, 5]), "zip").gears == ((2, 3), (4, 5))
     assert merge_gears(_dims([2, 4], [3, 5]), "product").gears == ((2, 3), (2, 5), (4, 3), (4, 5))
-    with pytest.raises(ValueError, match=r"'zip' pairs the i-th gears .* input 0 \(`x0`\) dim 0 "
-                                         r"has 2 \[2, 4\], input 1 \(`x1`\) dim 0 has 3"):
+    with pytest.raises(AssertionError, match=r"^when dynamic_gears_merge_policy is zip, input "
+                                             r"gears len must same\. .* input 0 \(`x0`\) dim 0 "
+                                             r"has 2 \[2, 4\], input 1 \(`x1`\) dim 0 has 3"):
         merge_gears(_dims([2, 4], [1, 2, 3]), "zip")
-    with pytest.raises(ValueError, match=r"'product' gives 121 gear combinations \(11 x 11\), "
-                                         r"more than 100"):
+    with pytest.raises(AssertionError, match=r"^The total number of gears set cannot exceed 100, "
+                                             r"and the current number of gears is: 121 \('product' "
+                                             r"of 11 x 11 gears\)"):
         merge_gears(_dims(range(1, 12), range(1, 12)), "product")
+    # counted after repeated combinations are dropped, as TorchAir counts them
+    assert len(merge_gears(_dims(list(range(1, 11)) * 2, range(1, 11)), "product").gears) == 100
+    with pytest.raises(AssertionError, match="current number of gears is: 10000000000 "):
+        merge_gears(_dims(*[range(1, 101)] * 5), "product")  # counted, never built
     with pytest.raises(ValueError, match="gears were expected but no graph input has a gear dim"):
         merge_gears([], "zip")
+
+
+# TorchAir's tests/st/torchair_gear_st.py, on merge_gears (GE's generate_dynamic_dims_option with
+# _GeInputInfo does not exist here: the same gears, as GearDims); str(err) starts with TorchAir's
+# exact text, followed by which dims and the fix
+def test_peer_config_zip_list_lens_same():
+    """torchair_gear_st.py::test_config_zip_list_lens_same"""
+    dims = [GearDim(0, "arg1", 0, (8, 4)), GearDim(1, "arg2", 0, (8, 4, 3))]
+    with pytest.raises(AssertionError) as info:
+        merge_gears(dims, "zip")
+    assert str(info.value).startswith(
+        "when dynamic_gears_merge_policy is zip, input gears len must same.")
+
+
+def test_peer_gears_num_not_over_100():
+    """torchair_gear_st.py::test_gears_num_not_over_100"""
+    dims = [GearDim(0, "arg1", 0, tuple(range(1, 10))), GearDim(1, "arg2", 0, tuple(range(10, 20))),
+            GearDim(2, "arg3", 0, tuple(range(20, 30)))]
+    with pytest.raises(AssertionError) as info:
+        merge_gears(dims, "product")
+    assert str(info.value).startswith("The total number of gears set cannot exceed 100, "
+                                      "and the current number of gears is: 900")
+
+
+def test_peer_set_dim_gears_value():
+    """torchair_gear_st.py::test_set_dim_gears_value"""
+    x = torch.ones([2, 2])
+    with pytest.raises(AssertionError) as info:
+        set_dim_gears(x, {0: [0, 2]})
+    assert str(info.value) == "Gear value at index 0 for dim index 0 must not be 0, but got 0."
 
 
 def test_unequal_zip_lengths_fail_at_compile_with_the_tensors_named():
@@ -190,7 +228,9 @@ def test_unequal_zip_lengths_fail_at_compile_with_the_tensors_named():
     x1, x2 = torch.ones(2, 2), torch.ones(2, 2)
     set_dim_gears(x1, {0: [2, 4]})
     set_dim_gears(x2, {0: [2, 4, 8]})
-    with pytest.raises(Exception, match=r"L_x1_.* has 2 \[2, 4\], .*L_x2_.* has 3 \[2, 4, 8\]"):
+    with pytest.raises(Exception, match=r"AssertionError: when dynamic_gears_merge_policy is zip, "
+                                        r"input gears len must same\. .*L_x1_.* has 2 \[2, 4\], "
+                                        r".*L_x2_.* has 3 \[2, 4, 8\]"):
         model(x1, x2)
 
 

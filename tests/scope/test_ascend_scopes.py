@@ -96,7 +96,7 @@ def test_compiled_regions_are_recorded_per_op(tmp_path):
     cores = {"_op_aicore_num": "4", "_op_vectorcore_num": "8"}
     assert by_op["sin"] == cores
     assert by_op["mul"] == {**cores, "_op_exec_never_timeout": "True"}
-    assert by_op["add"] == {"_data_dump": "True"}
+    assert by_op["add"] == {"torchair_enable_data_dump": "True"}
     assert by_op["cos"] == {"_profiler_trace_index": "p1", "_profiler_trace_pos": "begin"}
     assert by_op["mul_1"] == {"_profiler_trace_index": "p1", "_profiler_trace_pos": "end"}
     assert "sub" not in by_op
@@ -132,7 +132,7 @@ def test_pipeline_reports_the_attributes_and_results_are_unchanged():
     assert report.scope_attributes["mul_1"] == {"_profiler_trace_index": "p1",
                                                 "_profiler_trace_pos": "end"}
     assert "sub" not in report.scope_attributes
-    assert "Ascend-only scope (_data_dump=True; no effect here): add" in str(report)
+    assert "Ascend-only scope (torchair_enable_data_dump=True; no effect here): add" in str(report)
 
 
 def test_txt_dump_shows_the_marker_attributes(tmp_path):
@@ -171,7 +171,7 @@ def test_nested_profiler_trace_is_refused():
 def test_report_field_renders():
     report = GraphReport(0, True, True, True, [], [], [], scope_attributes={
         "sin": {"_op_aicore_num": "4"}, "cos": {"_op_aicore_num": "4"},
-        "add": {"_data_dump": "True"}})
+        "add": {"torchair_enable_data_dump": "True"}})
     text = str(report)
     assert "Ascend-only scope (_op_aicore_num=4; no effect here): sin, cos" in text
-    assert "Ascend-only scope (_data_dump=True; no effect here): add" in text
+    assert "Ascend-only scope (torchair_enable_data_dump=True; no effect here): add" in text

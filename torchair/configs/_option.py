@@ -21,7 +21,7 @@ import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 
 __all__ = ["ANY", "BOOL", "CALLABLE", "DIR", "FILE", "INT_LIST", "JSON_FILE", "NOT_SUPPORTED",
-           "NO_EFFECT", "PATH", "STR", "WORKS", "ConfigNode", "IntRange", "Option", "OptionValue",
+           "NO_EFFECT", "OUT_DIR", "PATH", "STR", "WORKS", "ConfigNode", "IntRange", "Option", "OptionValue",
            "Regex", "SubConfig"]
 
 _MISSING = object()
@@ -31,6 +31,7 @@ _MISSING = object()
 # and end by naming the option.
 BOOL = "bool"
 PATH = "path"
+OUT_DIR = "output dir"
 CALLABLE = "callable"
 STR = "str"
 INT_LIST = "int list"
@@ -41,6 +42,7 @@ ANY = "any"
 _KINDS = {
     BOOL: "bool (True or False)",
     PATH: "str or os.PathLike or None",
+    OUT_DIR: "None or a directory this process can write (created if missing)",
     CALLABLE: "a callable or None",
     STR: "str or None",
     INT_LIST: "a list of ints or None",
@@ -50,7 +52,7 @@ _KINDS = {
     ANY: "any value (not checked)",
 }
 # Read back as the raw value (TorchAir: properties and plain attributes), not as an OptionValue.
-_PLAIN_KINDS = (PATH, ANY)
+_PLAIN_KINDS = (PATH, OUT_DIR, ANY)
 _INT64_MAX = 2**63 - 1
 
 WORKS, NO_EFFECT, NOT_SUPPORTED = "works", "no effect here", "not supported"
@@ -109,6 +111,8 @@ def _check_kind(kind: str, value: Any) -> Any:
             return os.fspath(value)
         raise ValueError(f"invalid value {value!r} (type {type(value).__name__}); expected "
                          f"{_KINDS[PATH]}")
+    if kind == OUT_DIR:
+        return _check_out_dir(_check_kind(PATH, value))
     if kind == CALLABLE:
         if value is None or callable(value):
             return value
@@ -149,6 +153,31 @@ def _check_kind(kind: str, value: Any) -> Any:
     return value  # ANY
 
 
+def _check_out_dir(value: str | None) -> str | None:
+    """An output directory, checked when the option is set instead of failing at every call:
+    TorchAir's type and text for a bad directory (``FileNotFoundError``: the path or a parent is
+    a file; ``PermissionError``: the nearest existing directory is not writable), then what is
+    wrong and the fix. A missing directory is fine: the dumps create it. Stored as its real path,
+    as TorchAir stores its dump paths (a later ``os.chdir`` does not move the dumps)."""
+    if value is None:
+        return None
+    path = os.path.realpath(value)
+    probe = path
+    while not os.path.exists(probe):  # the nearest existing ancestor (at worst "/")
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        where = (f"{value} is an existing file" if probe == path else
+                 f"{probe} is a file, so no directory {value} can be created under it")
+        raise FileNotFoundError(f"Please set legal dir path, {value} is not found or is not a file "
+                                f"directory! {where}: set the path of a directory (a missing one "
+                                f"is created).")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = f"{value}" if probe == path else f"{probe}, where {value} would be created,"
+        raise PermissionError(f"The path permission check failed: {probe}. {what} is not "
+                              f"writable by this process: choose a directory it can write.")
+    return path
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
@@ -168,6 +197,8 @@ class Option:
     * ``BOOL`` accepts only real ``bool`` values (not ``0``/``1``, not ``"yes"``).
     * ``PATH`` accepts ``None``, ``str`` or an ``os.PathLike`` whose ``os.fspath`` is a ``str``;
       path-likes are stored as ``str`` so that equal configurations hash equally.
+    * ``OUT_DIR`` is a ``PATH`` that output is written to: checked when set (not a file, not
+      under a file, writable where it exists or will be created) and stored as its real path.
 
     ``effect`` says what the option does here: ``"works"``, ``"no effect here"`` (an Ascend-only
     option, accepted and validated for TorchAir compatibility) or ``"not supported"`` (it means
@@ -266,7 +297,7 @@ class Option:
             if isinstance(self.kind, (IntRange, Regex)):
                 return self.kind.check(value)
             return _check_kind(self.kind, value)
-        except (ValueError, TypeError, FileNotFoundError) as err:
+        except (ValueError, TypeError, FileNotFoundError, PermissionError) as err:
             raise type(err)(f"{err} Option '{full_name}' expects {self.allowed_text()}.") from None
 
     def __repr__(self) -> str:

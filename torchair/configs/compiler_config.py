@@ -20,7 +20,7 @@ start as TorchAir's). Each option says what it does here: ``works``, ``no effect
 from __future__ import annotations
 
 from ._option import (ANY, BOOL, CALLABLE, DIR, FILE, INT_LIST, JSON_FILE, NO_EFFECT,
-                      NOT_SUPPORTED, PATH, STR, ConfigNode, IntRange, Option, Regex, SubConfig)
+                      NOT_SUPPORTED, OUT_DIR, STR, ConfigNode, IntRange, Option, Regex, SubConfig)
 
 __all__ = [
     "CompilerConfig",
@@ -49,7 +49,7 @@ class GraphDumpConfig(ConfigNode):
     )
     path = Option(
         None,
-        kind=PATH,
+        kind=OUT_DIR,
         doc="Directory the IR graph dumps are written to; None means the current working directory.",
     )
 
@@ -70,7 +70,7 @@ class DataDumpConfig(ConfigNode):
     )
     path = Option(
         None,
-        kind=PATH,
+        kind=OUT_DIR,
         doc="Root directory of the data dumps; None means the current working directory.",
     )
 
@@ -91,7 +91,7 @@ class FxSummaryConfig(ConfigNode):
     )
     path = Option(
         None,
-        kind=PATH,
+        kind=OUT_DIR,
         doc="Directory of the summaries; None means the current working directory.",
     )
 

@@ -333,15 +333,48 @@ def _dump(gm: fx.GraphModule, inputs: list[InputInfo], stage: str, config: Compi
 def _user_pass(config: CompilerConfig, name: str, gm: fx.GraphModule,
                example_inputs: Sequence[Any]) -> None:
     """Run the user's ``post_grad_custom_pre_pass`` / ``..._post_pass`` as TorchAir calls it:
-    ``fn(gm, example_inputs, config)``, in place (its return value is ignored)."""
+    ``fn(gm, example_inputs, config)``, in place (its return value is ignored), between
+    TorchAir's DEBUG lines ``[forward] before [<hook>] execution, graph is ...`` and
+    ``[forward] after [<hook>] execution, graph is ...``.
+
+    An exception from the pass is raised again naming the hook and the pass (its
+    ``__qualname__``), of the same type where it can be, with the original as ``__cause__``:
+    Dynamo's "backend='...' raised" message shows only the last exception's text."""
     fn = config.get(name)
     if fn is None:
         return
-    logger.debug("running %s %s on:\n%s", name, getattr(fn, "__qualname__", fn), gm.code)
-    fn(gm, example_inputs, config)
-    gm.graph.lint()
+    # TorchAir's phase for an inference graph is "forward"; this backend compiles only those
+    logger.debug("[%s] before [%s] execution, graph is %s", "forward", name, gm.graph)
+    try:
+        fn(gm, example_inputs, config)
+        gm.graph.lint()
+    except Exception as err:
+        raise _pass_error(err, name, fn) from err
     gm.recompile()
-    logger.debug("after %s:\n%s", name, gm.code)
+    logger.debug("[%s] after [%s] execution, graph is %s", "forward", name, gm.graph)
+
+
+def _pass_error(err: Exception, hook: str, fn: Callable) -> Exception:
+    """``err`` restated so that it names the custom pass and the hook it was set as."""
+    what = getattr(fn, "__qualname__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    where = f"{module}.{what}" if module and module != "__main__" else what
+    message = (f"custom pass {where} (config.{hook}) raised {type(err).__name__}: {err}. The "
+               f"error is in this pass, which torchair calls as {what}(gm, example_inputs, "
+               f"config) on the inference graph: fix the pass, or set config.{hook} = None")
+    cls = type(err)
+    try:  # the original type, so a caller's ``except KeyError`` still catches it
+        new = cls(message)
+        if str(new) == message:
+            return new
+        # e.g. KeyError quotes its text: a subclass of the same name that does not
+        renamed = type(cls.__name__, (cls,), {"__str__": lambda self: message,
+                                              "__module__": cls.__module__,
+                                              "__qualname__": cls.__qualname__})
+        new = renamed(message)
+        return new if str(new) == message else RuntimeError(message)
+    except Exception:  # a type that cannot be built from one message
+        return RuntimeError(message)
 
 
 def _inductor_joint_graph_passes(gm: fx.GraphModule) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -39,9 +40,9 @@ def set_dim_gears(t: torch.Tensor, dim_gears: Mapping[int, Sequence[int]]) -> No
         sizes per dim. A size may repeat (the combinations are deduplicated, see
         :func:`merge_gears`).
 
-    Argument errors are ``AssertionError`` with TorchAir's texts (checked in TorchAir's order);
-    sizes must also be positive here (TorchAir does not check). Setting other gears on a tensor
-    that has gears is an error; setting the same again is not.
+    Argument errors are ``AssertionError`` with TorchAir's texts (checked in TorchAir's order,
+    a size of 0 included); negative sizes are refused too here (TorchAir does not check).
+    Setting other gears on a tensor that has gears is an error; setting the same again is not.
     """
     assert isinstance(t, torch.Tensor), (
         f"set_dim_gears: t must be a torch.Tensor, but got {type(t)}.")
@@ -79,10 +80,12 @@ def _check_sizes(t: torch.Tensor, dim: Any, sizes: Any) -> tuple[int, ...]:
         assert isinstance(size, int) and not isinstance(size, bool), (
             f"Element at index {index} of value for dim index {dim} in dim_gears must be an "
             f"integer, but got {type(size)}.")
+        assert size != 0, (f"Gear value at index {index} for dim index {dim} must not be 0, but "
+                           f"got {size}.")
     assert MIN_GEARS <= len(sizes) <= MAX_GEARS, (
         f"Length of gears for dim index {dim} in dim_gears must be in range [{MIN_GEARS}, "
         f"{MAX_GEARS}], but got {len(sizes)}.")
-    bad = [s for s in sizes if s <= 0]
+    bad = [s for s in sizes if s < 0]  # TorchAir does not check: a negative size never matches
     assert not bad, (f"set_dim_gears: the gears of dim index {dim} must be positive; got "
                      f"{bad[0]} in {list(sizes)}")
     return tuple(sizes)
@@ -140,20 +143,23 @@ def merge_gears(dims: Sequence[GearDim], policy: str) -> GearTable:
         lengths = {str(d): len(d.sizes) for d in dims}
         if len(set(lengths.values())) > 1:
             listed = ", ".join(f"{d} has {len(d.sizes)} {list(d.sizes)}" for d in dims)
-            raise ValueError(f"dynamic_gears_merge_policy='zip' pairs the i-th gears of every "
-                             f"gear dim, so all need the same number of gears: {listed}; give "
-                             f"them equal lengths or use the 'product' policy")
+            # TorchAir's type and sentence (what its users grep for), then which dims differ
+            raise AssertionError(f"when dynamic_gears_merge_policy is zip, input gears len must "
+                                 f"same. 'zip' pairs the i-th gears of every gear dim: {listed}; "
+                                 f"give them equal lengths or use the 'product' policy")
         gears = tuple(zip(*(d.sizes for d in dims)))
-    else:
-        count = 1
-        for d in dims:
-            count *= len(d.sizes)
-        if count > MAX_COMBINATIONS:
-            raise ValueError(f"dynamic_gears_merge_policy='product' gives {count} gear "
-                             f"combinations ({' x '.join(str(len(d.sizes)) for d in dims)}), more "
-                             f"than {MAX_COMBINATIONS}; use fewer gears or the 'zip' policy")
-        gears = tuple(itertools.product(*(d.sizes for d in dims)))
+    else:  # sizes are deduplicated per dim, so the product's length is its distinct count
+        count = math.prod(len(d.sizes) for d in dims)
+        gears = tuple(itertools.product(*(d.sizes for d in dims))) if count <= MAX_COMBINATIONS \
+            else ()
     # repeated sizes give repeated combinations: keep the first of each (TorchAir drops them too,
     # in set order; first-seen order keeps the gear numbering stable across runs)
     gears = tuple(dict.fromkeys(gears))
+    count = len(gears) if policy == "zip" else count
+    if count > MAX_COMBINATIONS:  # TorchAir's type and sentence, then the sizes and the fix
+        shape = " x ".join(str(len(d.sizes)) for d in dims)
+        fix = "use fewer gears or the 'zip' policy" if policy == "product" else "use fewer gears"
+        raise AssertionError(f"The total number of gears set cannot exceed {MAX_COMBINATIONS}, "
+                             f"and the current number of gears is: {count} ('{policy}' of "
+                             f"{shape} gears); {fix}")
     return GearTable(tuple(dims), gears, policy)

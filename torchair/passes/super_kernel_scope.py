@@ -12,8 +12,8 @@ scopes mean a custom pass moved or removed a marker or the region was not traced
 that is a ``ValueError`` naming the scope.
 
 The stream markers of ``npu_stream_switch`` / ``npu_wait_tensor`` are handled the same way, with
-their own bracket stack: ops inside a stream region get ``node.meta["_stream_tag"]`` and
-``["_stream_priority"]`` (innermost region wins), and each later consumer of ``t`` in
+their own bracket stack: ops inside a stream region get ``node.meta["_user_stream_label"]`` and
+``["_user_stream_priority"]`` (innermost region wins), and each later consumer of ``t`` in
 ``npu_wait_tensor(t, dep)`` gets ``dep`` in ``node.meta["_stream_waits"]``. A tag used with two
 priorities is a ``ValueError``.
 """
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import torch.fx as fx
 
+from torchair.core.utils import logger
 from torchair.passes._base import GraphPass
 from torchair.plan.ir import OPTIONS_KEY, SCOPE_KEY
 from torchair.scope._markers import (BEGIN, PRIORITY_KEY, STREAM_BEGIN, STREAM_KEY, WAIT,
                                      WAITS_KEY, is_marker, is_stream_marker)
-from torchair.scope._options import normalize_options
+from torchair.scope._options import check_options
 
 _WHY = ("a custom pass moved or removed a marker, or the region was split across graphs by a "
         "graph break inside the `with torchair.scope.super_kernel(...)` block (find it with "
@@ -36,9 +37,14 @@ def _marker_scope(node: fx.Node) -> str | None:
     return node.args[0] if node.args else node.kwargs.get("scope")
 
 
-def _marker_options(node: fx.Node) -> str:
+def _marker_options(node: fx.Node, scope: str | None) -> str:
+    """The options as the user wrote them (TorchAir keeps the text); parts not understood
+    are logged as a warning and ignored."""
     options = node.args[1] if len(node.args) > 1 else node.kwargs.get("options", "")
-    return normalize_options(options)
+    for problem in check_options(options)[1]:
+        logger.warning("super_kernel scope %r, options %r: %s; this part is ignored here",
+                       scope, options, problem)
+    return options
 
 
 _STREAM_WHY = _WHY.replace("torchair.scope.super_kernel", "torchair.scope.npu_stream_switch")
@@ -117,7 +123,7 @@ class SuperKernelScopePass(GraphPass):
     def _marker(self, node: fx.Node, stack: list) -> None:
         scope = _marker_scope(node)
         if node.target in (BEGIN, BEGIN.overloadpacket):
-            stack.append((scope, _marker_options(node), node))
+            stack.append((scope, _marker_options(node, scope), node))
             if scope is not None:
                 self.scopes.setdefault(scope, [])
             return

@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from torchair.core.utils import logger
+from torchair.plan.dump import make_dump_dir
 
 __all__ = ["DataDumpRunner", "rank_dir_name", "write_fx_summary"]
 
@@ -78,7 +79,7 @@ class DataDumpRunner:
 
     def __call__(self, args: list) -> Sequence[Any]:
         directory = os.path.join(self.root, str(self.step))
-        os.makedirs(directory, exist_ok=True)
+        make_dump_dir(directory, "debug.data_dump.path")
         runner = _Dumper(self.gm, directory, self.filter)
         out = runner.run(*args)
         logger.debug("data dump of step %d: %d files in %s", self.step, runner.files, directory)
@@ -133,7 +134,7 @@ def write_fx_summary(gm: fx.GraphModule, graph_id: int, path: str | None) -> str
     """One CSV row per op target of ``gm``: ``op, count, first_node, input_meta, output_meta``
     (dtype and shape of the first call's tensors). Returns the file's path."""
     directory = os.path.realpath(path or ".")
-    os.makedirs(directory, exist_ok=True)
+    make_dump_dir(directory, "debug.fx_summary.path")
     name = f"summary_graph_{graph_id}_rank_{_rank()}_pid_{os.getpid()}_ts_{_timestamp()}.csv"
     counts: collections.Counter = collections.Counter()
     first: dict[str, fx.Node] = {}

@@ -64,12 +64,28 @@ def write_dump(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, stage: str, f
         text = render(ir, graph_id=graph_id, stage=stage)
     text = "".join(f"# {note}\n" for note in notes) + text
     directory = os.getcwd() if directory is None else directory
-    os.makedirs(directory, exist_ok=True)
+    make_dump_dir(directory, "debug.graph_dump.path")
     path = os.path.join(directory, dump_file_name(stage, graph_id, fmt))
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        raise RuntimeError(f"Failed to create file: {path} ({type(err).__name__}: "
+                           f"{err.strerror or err}); set config.debug.graph_dump.path to a "
+                           f"directory this process can write") from err
     logger.info("dumped the %s graph %d (%s) to %s", stage, graph_id, fmt, path)
     return path
+
+
+def make_dump_dir(directory: str, option: str) -> None:
+    """Create a dump directory, or fail with TorchAir's text naming the option to fix (the
+    option checks its path when set; this catches a directory changed since)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise RuntimeError(f"Failed to make directory: {directory} ({type(err).__name__}: "
+                           f"{err.strerror or err}); set config.{option} to a directory this "
+                           f"process can write") from err
 
 
 # ------------------------------------------------------------------------------------ txt

@@ -30,11 +30,12 @@ __all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value", "META_ATTRS", 
 # node.meta entries shown as op attributes (set by SuperKernelScopePass)
 SCOPE_KEY = "_super_kernel_scope"  # node.meta keys set by the super_kernel scope pass
 OPTIONS_KEY = "_super_kernel_options"
-STREAM_KEY = "_stream_tag"  # ... and by npu_stream_switch: the op's stream (absent: main)
-PRIORITY_KEY = "_stream_priority"
+STREAM_KEY = "_user_stream_label"  # ... by npu_stream_switch (TorchAir's names): the op's stream
+# (absent: main) and its priority
+PRIORITY_KEY = "_user_stream_priority"
 # ... and by AscendScopePass: the Ascend-only scope attributes (torchair.scope.limit_core_num etc.)
-ASCEND_KEYS = ("_op_aicore_num", "_op_vectorcore_num", "_op_exec_never_timeout", "_data_dump",
-               "_profiler_trace_index", "_profiler_trace_pos")
+ASCEND_KEYS = ("_op_aicore_num", "_op_vectorcore_num", "_op_exec_never_timeout",
+               "torchair_enable_data_dump", "_profiler_trace_index", "_profiler_trace_pos")
 META_ATTRS = (SCOPE_KEY, OPTIONS_KEY, STREAM_KEY, PRIORITY_KEY) + ASCEND_KEYS  # shown in dumps
 
 

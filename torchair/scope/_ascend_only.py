@@ -3,9 +3,9 @@
 
 On Ascend each sets attributes on the ops of its region: the AI Core / Vector Core limits
 (``_op_aicore_num``, ``_op_vectorcore_num``), the no-timeout flag (``_op_exec_never_timeout``),
-the data-dump range (``_data_dump``) and profiler marks (``_profiler_trace_index``,
-``_profiler_trace_pos``). Cores, op timeouts, device data dumps and the Ascend profiler do not
-exist on CPU or CUDA, so here the scopes change nothing that runs. They are accepted and checked
+the data-dump range (``torchair_enable_data_dump``) and profiler marks
+(``_profiler_trace_index``, ``_profiler_trace_pos``), TorchAir's attribute names. Cores, op
+timeouts, device data dumps and the Ascend profiler do not exist on CPU or CUDA, so here the scopes change nothing that runs. They are accepted and checked
 as TorchAir checks them, and recorded: the region is bracketed by the side-effecting marker ops
 ``npu::_scope_attrs_begin(str[] keys, str[] values)`` and ``npu::_scope_attrs_end(str[] keys)``
 (no-ops at run time), which Dynamo and AOT keep in order, so graph dumps show them with their
@@ -129,7 +129,7 @@ def op_never_timeout(enable: bool = True) -> AttributeScope:
 def data_dump() -> AttributeScope:
     """Ascend: restrict the graph-mode data dump (``dump_config``) to the ops of the region.
     No effect on CPU/CUDA: ``config.debug.data_dump`` dumps ops by its own ``filter``."""
-    return AttributeScope({"_data_dump": "True"})
+    return AttributeScope({"torchair_enable_data_dump": "True"})
 
 
 def profiler_trace(index: str, mode: str) -> AttributeScope:

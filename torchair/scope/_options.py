@@ -1,10 +1,11 @@
-"""SuperKernel compile options: ``"opt1=v1:opt2=v2"`` parsed and validated once, at scope entry.
+"""SuperKernel compile options: ``"opt1=v1:opt2=v2"``, parsed when a graph is compiled.
 
 The option names and values follow TorchAir's user guide ("图内标定SuperKernel范围", table 1:
 ``feed-sync-all``, ``stream-fusion``, ``strict-scope-check``) and the CANN SuperKernel compiler's
 option parser, which accepts the further names below (``preload-code``, ``early-start``,
-``split-mode``, the ``debug-*`` switches, ...). Scripts written for TorchAir therefore parse here
-unchanged; an unknown name or a bad value is a ``ValueError`` that lists the valid choices.
+``split-mode``, the ``debug-*`` switches, ...). As in TorchAir, ``super_kernel`` accepts any
+options string and keeps it as given; a part that is not understood (an unknown name, a bad value)
+is ignored, with a warning at compile time that lists the valid choices.
 """
 from __future__ import annotations
 
@@ -74,41 +75,46 @@ def _valid_list() -> str:
     return "; ".join(f"{name}={o.expected}" for name, o in OPTIONS.items())
 
 
-def parse_options(options: str) -> dict[str, str]:
-    """``"stream-fusion=1:feed-sync-all=0"`` -> ``{"stream-fusion": "1", "feed-sync-all": "0"}``.
+def check_options(options: str) -> tuple[dict[str, str], list[str]]:
+    """``"stream-fusion=1:feed-sync-all=0"`` -> ``({"stream-fusion": "1", "feed-sync-all": "0"},
+    problems)``.
 
-    Empty parts (a trailing ``:``) and spaces around names and values are ignored; a part
-    without ``=``, an unknown name, a repeated name or a bad value raises ``ValueError``.
+    TorchAir accepts any string (it hands the text to Ascend's SuperKernel compiler unchecked), so
+    nothing here raises for a string: the parts understood are returned, and each part that is
+    not (no ``=``, an unknown name, a repeated name, a bad value) is described in ``problems``,
+    which :class:`~torchair.passes.SuperKernelScopePass` logs as a warning. Empty parts and spaces
+    around names and values are ignored.
     """
     if not isinstance(options, str):
         raise TypeError(f"super_kernel options must be a str like 'stream-fusion=1', got "
                         f"{type(options).__name__} {options!r}")
     parsed: dict[str, str] = {}
+    problems: list[str] = []
     for part in (p.strip() for p in options.split(":")):
         if not part:
             continue
         name, sep, value = (s.strip() for s in part.partition("="))
         if not sep or not name or not value:
-            raise ValueError(f"super_kernel options {options!r}: {part!r} is not 'name=value'; "
-                             f"write options as 'opt1=v1:opt2=v2'")
-        if name not in OPTIONS:
-            raise ValueError(f"super_kernel options {options!r}: unknown option {name!r}; valid "
-                             f"options: {_valid_list()}")
-        if name in parsed:
-            raise ValueError(f"super_kernel options {options!r}: option {name!r} is given twice; "
-                             f"give each option once")
-        if not OPTIONS[name].check(value):
-            raise ValueError(f"super_kernel options {options!r}: {name}={value!r} is not valid; "
-                             f"{name} expects {OPTIONS[name].expected}")
-        parsed[name] = value
-    return parsed
+            problems.append(f"{part!r} is not 'name=value' (write options as 'opt1=v1:opt2=v2')")
+        elif name not in OPTIONS:
+            problems.append(f"unknown option {name!r} (valid options: {_valid_list()})")
+        elif name in parsed:
+            problems.append(f"option {name!r} is given twice (the first, {name}="
+                            f"{parsed[name]}, is used)")
+        elif not OPTIONS[name].check(value):
+            problems.append(f"{name}={value!r} is not valid ({name} expects "
+                            f"{OPTIONS[name].expected})")
+        else:
+            parsed[name] = value
+    return parsed, problems
+
+
+def parse_options(options: str) -> dict[str, str]:
+    """The options of ``options`` that are understood (see :func:`check_options`)."""
+    return check_options(options)[0]
 
 
 def format_options(parsed: dict[str, str]) -> str:
     """The canonical text of parsed options (``"stream-fusion=1:feed-sync-all=0"``)."""
     return ":".join(f"{name}={value}" for name, value in parsed.items())
 
-
-def normalize_options(options: str) -> str:
-    """Validate ``options`` and return its canonical text (spaces and empty parts dropped)."""
-    return format_options(parse_options(options))

@@ -1,6 +1,6 @@
 """Running ``npu_stream_switch`` regions: a graph rewrite that schedules each op on its stream.
 
-:func:`with_streams` takes a graph whose ops carry ``_stream_tag`` / ``_stream_waits`` (set by
+:func:`with_streams` takes a graph whose ops carry ``_user_stream_label`` / ``_stream_waits`` (set by
 SuperKernelScopePass) and returns a graph that runs the same ops with stream bookkeeping around
 them, for the FX engine (op by op, or captured as one CUDA graph):
 

@@ -22,7 +22,7 @@ from torchair.scope._markers import STREAM_BEGIN, STREAM_END, WAIT
 _MAX_TAG_LEN = 255
 
 
-def _check_tag(stream_tag: str, stream_priority: int, enable_inner_parallel: bool = False
+def _check_tag(stream_tag: str, stream_priority: int, enable_inner_parallel: bool = True
                ) -> None:
     if not isinstance(stream_tag, str):
         raise TypeError(f"npu_stream_switch stream_tag must be a str (the stream's name), got "
@@ -47,11 +47,12 @@ class npu_stream_switch:  # lower case: TorchAir's public name
     clamped to the device's range), fixed by the tag's first use: a tag used with two priorities
     in one graph is a ``ValueError``. Outside ``torch.compile`` the region does nothing.
     ``enable_inner_parallel`` (Ascend: let the ops of the region split across the chip's core
-    groups) is accepted and checked; it has no effect on CPU/CUDA.
+    groups; True by default, as in TorchAir) is accepted and checked; it has no effect on
+    CPU/CUDA.
     """
 
     def __init__(self, stream_tag: str, stream_priority: int = 0,
-                 enable_inner_parallel: bool = False) -> None:
+                 enable_inner_parallel: bool = True) -> None:
         _check_tag(stream_tag, stream_priority, enable_inner_parallel)
         self.stream_tag = stream_tag
         self.stream_priority = stream_priority
