@@ -113,19 +113,22 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
                                                             "supported")),
     # ---- torchair.scope
     ("torchair.scope.npu_stream_switch", (WORKS, "CUDA streams (CPU: same results, emulated "
-                                                 "schedule); enable_inner_parallel is accepted "
-                                                 "and has no effect")),
+                                                 "schedule); enable_inner_parallel (default True, "
+                                                 "as in TorchAir) is accepted and has no "
+                                                 "effect")),
     ("torchair.scope.npu_wait_tensor", (WORKS, "a control edge in compiled graphs")),
-    ("torchair.scope.super_kernel", (WORKS, "each segment runs as one launch unit")),
+    ("torchair.scope.super_kernel", (WORKS, "each segment runs as one launch unit; options "
+                                            "are kept as written, parts not understood here "
+                                            "are warned about at compile and ignored")),
     ("torchair.scope.limit_core_num", (NO_EFFECT, _CORES + "; checked and recorded in graph "
                                                            "dumps and the report")),
     ("torchair.scope.op_never_timeout", (NO_EFFECT, "ops have no execution timeout here; "
                                                     "checked and recorded in graph dumps and the "
                                                     "report")),
     ("torchair.scope.data_dump", (NO_EFFECT, "Ascend's device data dump (dump_config) does not "
-                                             "exist here; recorded in graph dumps and the "
-                                             "report; use "
-                                             "config.debug.data_dump")),
+                                             "exist here; recorded as torchair_enable_data_dump "
+                                             "in graph dumps and the report (no dump_options "
+                                             "json); use config.debug.data_dump")),
     ("torchair.scope.profiler_trace", (NO_EFFECT, "Ascend profiler marks; recorded in graph "
                                                   "dumps and the report; use torch.profiler")),
     # ---- torchair.npu_fx_compiler, torchair.patterns
