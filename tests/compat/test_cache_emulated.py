@@ -188,8 +188,10 @@ def test_the_key_separates_device_mappings():
         on_cpu = key()
     with NpuDeviceMode("cuda"):  # the mode `torchair run --device cuda` installs
         on_cuda = key()
-    with NpuDeviceMode("cpu", HostStream):
-        assert key() == on_cpu  # the same mapping, another mode object: the same key
+    with emulate_npu("cpu"):
+        assert key() == on_cpu  # the same mapping, another emulation: the same key
+    with NpuDeviceMode("cpu", HostStream):  # the mode alone, without the emulation's patches
+        assert key() not in (plain, on_cpu)
     with _UserMode():
         assert key() == plain
     assert len({plain, on_cpu, on_cuda}) == 3
