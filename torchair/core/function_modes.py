@@ -23,6 +23,8 @@ __all__ = ["UnknownMode", "process_modes", "register_cacheable_mode", "register_
            "stack_modes", "stack_tags", "tag_of"]
 
 _KNOWN: dict[type, Callable[[Any], str]] = {}
+_stack_depth = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
 _PROCESS: list[Callable[[], Any]] = []
 
 
@@ -70,15 +72,18 @@ def register_process_mode(active: Callable[[], Any]) -> None:
 
 def process_modes() -> tuple:
     """The process-wide modes (see :func:`register_process_mode`) active now."""
-    if not _PROCESS:
-        return ()
+    if len(_PROCESS) == 1:  # the emulation's: the per-call check's common case
+        mode = _PROCESS[0]()
+        return () if mode is None else (mode,)
     return tuple(mode for mode in (active() for active in _PROCESS) if mode is not None)
 
 
 def stack_modes() -> tuple:
     """This thread's torch-function modes, bottom first."""
-    return tuple(torch._C._get_function_stack_at(i)
-                 for i in range(torch._C._len_torch_function_stack()))
+    depth = _stack_depth()
+    if depth == 1:  # the emulation's mode alone: the per-call check's common case
+        return (_stack_at(0),)
+    return tuple(_stack_at(i) for i in range(depth)) if depth else ()
 
 
 def tag_of(mode: Any) -> str:

@@ -795,7 +795,7 @@ class GuardSet:
         self.state: dict | None = None
         self.modes: int | None = None
         self.mode_tags: list[str] = []  # tags of the (cacheable) modes traced under
-        self._modes_seen: tuple = ()  # (mode, its attributes) whose tags matched last
+        self._modes_seen: tuple = ((), ())  # the modes whose tags matched last, their attributes
         for rec in records:
             kind = rec["kind"]
             if rec.get("advisory"):
@@ -845,10 +845,13 @@ class GuardSet:
         modes = function_modes.stack_modes() + function_modes.process_modes()
         if not modes and not self.mode_tags:
             return ""  # traced and called without any mode (the plain process)
-        seen = self._modes_seen  # the modes whose tags matched last, with their attributes
-        if len(modes) == len(seen) and all(
-                a is b and vars(a) == state for a, (b, state) in zip(modes, seen)):
-            return ""
+        seen, states = self._modes_seen  # the modes whose tags matched last, their attributes
+        if modes == seen:  # (modes compare by identity)
+            for mode, state in zip(modes, states):
+                if mode.__dict__ != state:
+                    break
+            else:
+                return ""
         try:
             tags = function_modes.stack_tags(modes)
         except function_modes.UnknownMode:
@@ -856,7 +859,7 @@ class GuardSet:
         if tags != self.mode_tags:
             return (f"the TorchFunctionMode stack differs from the one traced under "
                     f"({', '.join(self.mode_tags) or 'no mode'}): {_stack_text()}")
-        self._modes_seen = tuple((m, dict(vars(m))) for m in modes)
+        self._modes_seen = (modes, tuple(dict(vars(m)) for m in modes))
         return ""
 
     def _process_state(self) -> str:
