@@ -51,8 +51,10 @@ def _state_tag(mode: Any) -> str:
 
 def register_cacheable_mode(cls: type, tag: Callable[[Any], str] | None = None) -> type:
     """Declare that a mode of ``cls`` acts on traced calls only through ``tag(mode)`` (default:
-    its class and instance attributes), so graphs traced under it may be cached. Returns ``cls``
-    (usable as a class decorator). A second registration of the same class raises."""
+    its class and instance attributes), so graphs traced under it may be cached. ``tag`` must
+    depend on nothing but the mode's class and instance attributes: a warm call whose modes are
+    the very objects last checked, with equal attributes, is not described again. Returns
+    ``cls`` (usable as a class decorator). A second registration of the same class raises."""
     if not isinstance(cls, type):
         raise TypeError(f"register_cacheable_mode: cls must be a class, got {cls!r}")
     if cls in _KNOWN:
