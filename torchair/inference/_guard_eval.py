@@ -259,10 +259,6 @@ def _cudnn_tf32() -> bool | str:
         return "mixed"
 
 
-def _mode_stack_depth() -> int:
-    return int(torch._C._len_torch_function_stack())
-
-
 def _stack_text() -> str:
     """The current torch-function mode stack and process-wide modes, for a warning."""
     modes = function_modes.stack_modes() + function_modes.process_modes()
@@ -837,12 +833,13 @@ class GuardSet:
         an equal tag."""
         if self.modes is None:
             return ""
-        if _mode_stack_depth() != self.modes:
+        stack = function_modes.stack_modes()
+        if len(stack) != self.modes:
             if not self.modes and not self.mode_tags:
                 return "a TorchFunctionMode is active (e.g. torch.device as a context manager)"
             return (f"the TorchFunctionMode stack differs from the one traced under "
                     f"({', '.join(self.mode_tags) or 'no mode'}): {_stack_text()}")
-        modes = function_modes.stack_modes() + function_modes.process_modes()
+        modes = stack + function_modes.process_modes()
         if not modes and not self.mode_tags:
             return ""  # traced and called without any mode (the plain process)
         seen, states = self._modes_seen  # the modes whose tags matched last, their attributes
