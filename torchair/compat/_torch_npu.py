@@ -14,14 +14,10 @@ import torch
 
 import torchair
 from torchair.compat._errors import module_getattr
+from torchair.ops import TORCH_NPU_OPS  # torch_npu.<name> is torch.ops.npu.<name> for each
 
 __all__ = ["TORCH_NPU_OPS", "get_npu_format", "make_torch_npu", "npu_format_cast"]
 
-# the torch_npu functions that torchair.ops implements (torch_npu.<name> is torch.ops.npu.<name>)
-TORCH_NPU_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score",
-                 "npu_fused_infer_attention_score_v2", "npu_rms_norm", "npu_add_rms_norm",
-                 "npu_add_rms_norm_cast", "npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant",
-                 "npu_quant_matmul", "npu_dequant_swiglu_quant")
 _FORMAT_ND = 2  # ACL_FORMAT_ND: the only layout that exists off Ascend
 
 

@@ -35,26 +35,19 @@ from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_reco
 from torchair.ops._print import npu_print
 from torchair.ops._registry import get_value_dependent, value_dependent_ops
 
-# the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend
-TORCH_NPU_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score",
-                 "npu_fused_infer_attention_score_v2", "npu_rms_norm", "npu_add_rms_norm",
-                 "npu_add_rms_norm_cast", "npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant",
-                 "npu_quant_matmul", "npu_dequant_swiglu_quant")
+# the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend;
+# one tuple per op family (a new family adds its import above and one tuple here)
+_ATTENTION_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score",
+                  "npu_fused_infer_attention_score_v2")
+_NORM_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_add_rms_norm_cast")
+_QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul",
+              "npu_dequant_swiglu_quant")
+TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS
 # TorchAir's graph utilities (Python functions; see the module docstring)
 GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
                    "npu_tagged_event_wait", "npu_record_tagged_stream", "record", "wait")
 
-npu_incre_flash_attention = torch.ops.npu.npu_incre_flash_attention
-npu_fused_infer_attention_score = torch.ops.npu.npu_fused_infer_attention_score
-npu_fused_infer_attention_score_v2 = torch.ops.npu.npu_fused_infer_attention_score_v2
-npu_rms_norm = torch.ops.npu.npu_rms_norm
-npu_add_rms_norm = torch.ops.npu.npu_add_rms_norm
-npu_add_rms_norm_cast = torch.ops.npu.npu_add_rms_norm_cast
-npu_dynamic_quant = torch.ops.npu.npu_dynamic_quant
-npu_add_rms_norm_dynamic_quant = torch.ops.npu.npu_add_rms_norm_dynamic_quant
-npu_quant_matmul = torch.ops.npu.npu_quant_matmul
-npu_dequant_swiglu_quant = torch.ops.npu.npu_dequant_swiglu_quant
-
+globals().update({_name: getattr(torch.ops.npu, _name) for _name in TORCH_NPU_OPS})
 
 def __getattr__(name: str):
     # TorchAir's older names; scope imports the op library, so they are looked up on first use
