@@ -20,9 +20,12 @@ for ``cos = cat(cos theta, cos theta)``.) Then, *in place*, ``k_rope`` is writte
   ``[block_num, block_size, 1, Dk]`` / ``[..., Dv]``, ``index [B * S]`` of slots: token ``t = b * S
   + s`` goes to ``cache[slot // block_size, slot % block_size, 0]``.
 
-Returns ``(k_cache, ckv_cache, k_rope, c_kv)``: the two caches (the arguments themselves) and the
-computed ``k_rope [B, 1, S, Dk]`` / ``c_kv [B, 1, S, Dv]`` (torch_npu fills those for
-``is_output_kv=True``; here they are always computed). Not implemented (``NotImplementedError``
+Returns ``(k_cache, ckv_cache, k_rope, c_kv)``: the two caches and the computed ``k_rope [B, 1,
+S, Dk]`` / ``c_kv [B, 1, S, Dv]`` (torch_npu fills those for ``is_output_kv=True``; here they are
+always computed). As torch_npu's, the schema's returns are plain ``Tensor`` while the caches are
+written in place and returned: eager calls return the cache arguments themselves; a compiled
+graph returns the written caches' values (its schema marks the caches ``Tensor(a!)`` so the
+writes are kept; PyTorch cannot functionalize returns that mix aliases and new tensors). Not implemented (``NotImplementedError``
 naming the argument): the FRACTAL_NZ and per-block modes (``PA_NZ``, ``PA_BLK_BNSD``,
 ``PA_BLK_NZ``), int8 caches and their ``k_rope_scale`` / ``c_kv_scale`` / ``k_rope_offset`` /
 ``c_kv_offset``, and ``v``. Under ``torch.compile`` the op runs as
@@ -50,7 +53,7 @@ _TAIL = ("Tensor cos, Tensor sin, Tensor index, {kc} k_cache, {cc} ckv_cache, *,
          "Tensor? c_kv_offset=None, Tensor? v=None, float epsilon=1e-05, str cache_mode='Norm', "
          "bool is_output_kv=False")
 _SCHEMA = (f"{_OP}(Tensor kv, Tensor gamma, " + _TAIL.format(kc="Tensor(a!)", cc="Tensor(b!)")
-           + ") -> (Tensor(a!), Tensor(b!), Tensor, Tensor)")
+           + ") -> (Tensor, Tensor, Tensor, Tensor)")
 _FUNCTIONAL_SCHEMA = (f"{_OP}_functional(Tensor kv, Tensor gamma, "
                       + _TAIL.format(kc="Tensor", cc="Tensor")
                       + ") -> (Tensor, Tensor, Tensor, Tensor)")
@@ -233,15 +236,11 @@ def _outputs_fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, kwargs):
 
 def _fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, **kwargs):
     k_rope, c_kv = _outputs_fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, kwargs)
-    return k_cache, ckv_cache, k_rope, c_kv
-
-
-def _functional_fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, **kwargs):
-    k_rope, c_kv = _outputs_fake(kv, gamma, cos, sin, index, k_cache, ckv_cache, kwargs)
     return torch.empty_like(k_cache), torch.empty_like(ckv_cache), k_rope, c_kv
 
 
 npu_kv_rmsnorm_rope_cache = define_op(_SCHEMA, fake=_fake, kernel=_eager)
-npu_kv_rmsnorm_rope_cache_functional = define_op(_FUNCTIONAL_SCHEMA, fake=_functional_fake,
+npu_kv_rmsnorm_rope_cache_functional = define_op(_FUNCTIONAL_SCHEMA, fake=_fake,
                                                  kernel=_functional_eager)
-install_functionalization(_OP, npu_kv_rmsnorm_rope_cache_functional, mutated=(5, 6))
+install_functionalization(_OP, npu_kv_rmsnorm_rope_cache_functional, mutated=(5, 6),
+                          aliased_returns=False)
