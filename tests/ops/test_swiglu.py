@@ -41,9 +41,9 @@ def test_fused_kernel_equals_reference(dtype, shape, dim):
 
 def test_non_contiguous_input():
     x = torch.randn(6, 16).t()  # [16, 6], split along dim 0
-    torch.testing.assert_close(SWIGLU(x, dim=0), swiglu_reference(x, 0), rtol=2 ** -22, atol=0)
-    torch.testing.assert_close(SWIGLU(x, dim=0), swiglu_reference(x.contiguous(), 0), rtol=0,
-                               atol=0)
+    for ref_input in (x, x.contiguous()):  # strided and vectorized silu may differ by an ulp
+        torch.testing.assert_close(SWIGLU(x, dim=0), swiglu_reference(ref_input, 0),
+                                   rtol=2 ** -22, atol=0)
 
 
 def test_fake_kernel_shapes():

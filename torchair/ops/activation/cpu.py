@@ -1,12 +1,13 @@
 """Fast kernel of ``npu_swiglu`` on CPU (and the generic fallback on other devices).
 
 Same contract as :func:`torchair.ops.activation.swiglu.swiglu_reference`; arguments arrive
-checked. The reference converts the whole ``[..., 2H]`` input to float32, then allocates the
-silu and the product; this kernel converts only the first half ``A`` (float32 input: one copy of
-``A``), applies silu in place on it and multiplies ``B`` in (promoted inside the product), then
-rounds once: one float32 buffer of ``H`` per row instead of four. The float32 math is the
-reference's (PyTorch's silu, then the product), so results equal it bit for bit for contiguous
-inputs (PyTorch's strided silu may round differently from its vectorized one by an ulp).
+checked. The reference converts ``x [..., 2H]`` to float32, then allocates the silu of ``A`` and
+the product; this kernel applies silu *in place* on ``A`` inside the float32 copy (float16 /
+bfloat16 inputs; a float32 input is not copied, its silu is the one new buffer), multiplies
+``B`` in, and rounds once: one float32 buffer fewer, the same float32 math as the reference
+(PyTorch's silu, then the product), so results equal it bit for bit. At decode sizes the cost is
+the exponential of silu and the dispatcher calls, so the gain over the reference is small
+(``bench/bench_rope_swiglu.py``).
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ __all__ = ["swiglu_cpu"]
 def swiglu_cpu(x: torch.Tensor, d: int) -> torch.Tensor:
     """``silu(A) * B`` along the (non-negative) dim ``d``, in ``x.dtype``."""
     h = x.shape[d] // 2
-    a = x.narrow(d, 0, h).to(torch.float32, memory_format=torch.contiguous_format, copy=True)
-    F.silu(a, inplace=True)
-    a.mul_(x.narrow(d, h, h))
-    return a if x.dtype == torch.float32 else a.to(x.dtype)
+    if x.dtype == torch.float32:
+        y = F.silu(x.narrow(d, 0, h))
+        return y.mul_(x.narrow(d, h, h))
+    xf = x.float()
+    y = F.silu(xf.narrow(d, 0, h), inplace=True)
+    y.mul_(xf.narrow(d, h, h))
+    return y.to(x.dtype)

@@ -25,8 +25,9 @@ S, Dk]`` / ``c_kv [B, 1, S, Dv]`` (torch_npu fills those for ``is_output_kv=True
 always computed). As torch_npu's, the schema's returns are plain ``Tensor`` while the caches are
 written in place and returned: eager calls return the cache arguments themselves; a compiled
 graph returns the written caches' values (its schema marks the caches ``Tensor(a!)`` so the
-writes are kept; PyTorch cannot functionalize returns that mix aliases and new tensors). Not implemented (``NotImplementedError``
-naming the argument): the FRACTAL_NZ and per-block modes (``PA_NZ``, ``PA_BLK_BNSD``,
+writes are kept; PyTorch cannot functionalize returns that mix aliases and new tensors).
+
+Not implemented (``NotImplementedError`` naming the argument): the FRACTAL_NZ and per-block modes (``PA_NZ``, ``PA_BLK_BNSD``,
 ``PA_BLK_NZ``), int8 caches and their ``k_rope_scale`` / ``c_kv_scale`` / ``k_rope_offset`` /
 ``c_kv_offset``, and ``v``. Under ``torch.compile`` the op runs as
 ``npu_kv_rmsnorm_rope_cache_functional`` (new caches; AOT copies them back into graph inputs).
