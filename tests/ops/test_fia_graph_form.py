@@ -166,3 +166,33 @@ def test_path4_inductor_one_static_unit_over_new_lengths():
     reports = torchair.graph_reports()[backend_calls:]
     assert len(reports) == 1 and reports[0].build_static and reports[0].launches_per_step == 1
     assert reports[0].engine.startswith("inductor"), str(reports[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graph_capture_and_path4_unit_with_prefix():
+    """On CUDA: the tensor form with a prefix is captured in a CUDA graph (nothing read on the
+    host) and replays new length values; path 4 builds one unit (a CUDA graph) that does too."""
+    q, k, v, kp, vp = (t.cuda().half() for t in _inputs(11))
+    lengths = [torch.tensor(x, device="cuda") for x in LENGTH_SETS[0]]
+    _attention(q, k, v, kp, vp, *lengths)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _attention(q, k, v, kp, vp, *lengths)
+    compiled = compile_static(_attention, (q, k, v, kp, vp, *lengths), run_eagerly=True)
+    before = len(torchair.graph_reports())
+    for ql, kl, pl in LENGTH_SETS:
+        for t, x in zip(lengths, (ql, kl, pl)):
+            t.copy_(torch.tensor(x))
+        graph.replay()
+        want = _attention(*(t.cpu().float() for t in (q, k, v, kp, vp)), ql, kl, pl)
+        torch.testing.assert_close(tuple(o.float().cpu() for o in out), want, atol=5e-3,
+                                   rtol=5e-3)
+        for t in (q, k, v, kp, vp, *lengths):
+            torch._dynamo.mark_static(t)
+        got = compiled(q, k, v, kp, vp, *lengths)
+        torch.testing.assert_close(tuple(o.float().cpu() for o in got), want, atol=5e-3,
+                                   rtol=5e-3)
+    reports = torchair.graph_reports()[before:]
+    assert len(reports) == 1 and reports[0].build_static, str(reports[0])
+    assert "CUDA graph" in reports[0].launch, str(reports[0])
