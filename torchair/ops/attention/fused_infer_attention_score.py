@@ -50,10 +50,11 @@ dequant_scale2); antiquant modes other than 0/1. ``inner_precise`` 0-3 changes n
 The op is value-dependent on ``actual_seq_lengths``, ``actual_seq_lengths_kv`` and
 ``actual_shared_prefix_len``; its tensor twin ``npu_fused_infer_attention_score_tensor`` takes
 them as 1-D int64 device tensors and then reads nothing on the host (TorchAir's graph-mode
-``torchair.ops.npu_fused_infer_attention_score`` calls it: :mod:`.fia_graph`). Incremental calls (S_q == 1) without pse_shift, without a per-head mask,
-with per-channel antiquant and softmax_lse_flag=False go to the device's fast decode kernel
-(:func:`torchair.ops.attention.decode.decode_attention`, via IFA's decode path); the rest runs the
-dense reference.
+``torchair.ops.npu_fused_infer_attention_score`` calls it: :mod:`.fia_graph`). Incremental calls
+(S_q == 1) without pse_shift, without a per-head mask, with per-channel antiquant and
+softmax_lse_flag=False go to the device's fast decode kernel
+(:func:`torchair.ops.attention.decode.decode_attention`, via IFA's decode path; a shared prefix
+is resolved first, so it reaches that kernel as ordinary KV); the rest runs the dense reference.
 """
 from __future__ import annotations
 
