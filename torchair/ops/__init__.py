@@ -1,7 +1,9 @@
 """The ``npu`` op library: importing this package registers every op under ``torch.ops.npu``.
 
 ``torchair.ops.npu_incre_flash_attention`` is ``torch.ops.npu.npu_incre_flash_attention`` (the
-compute ops, :data:`TORCH_NPU_OPS`, are the ops themselves). TorchAir's graph utilities are Python
+compute ops, :data:`TORCH_NPU_OPS`, are the ops themselves), except where TorchAir's own form
+differs from torch_npu's: ``torchair.ops.npu_fused_infer_attention_score`` takes its lengths as
+tensors (:mod:`torchair.ops.attention.fia_graph`). TorchAir's graph utilities are Python
 functions over side-effecting ops of the same namespace (TorchAir puts them in ``torch.ops.air``):
 ``npu_print`` (``torch.ops.npu.npu_print``), the tagged events ``npu_create_tagged_event``,
 ``npu_tagged_event_record``, ``npu_tagged_event_wait``, ``npu_record_tagged_stream`` (ops of the
@@ -30,6 +32,7 @@ from torchair.ops.quant import dynamic_quant as _dynamic_quant  # noqa: F401 (re
 from torchair.ops.quant import quant_matmul as _quant_matmul  # noqa: F401 (registers)
 from torchair.ops.quant import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
 from torchair.ops.attention import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
+from torchair.ops.attention import fia_graph as _fia_graph
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print
@@ -47,7 +50,11 @@ TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS
 GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
                    "npu_tagged_event_wait", "npu_record_tagged_stream", "record", "wait")
 
-globals().update({_name: getattr(torch.ops.npu, _name) for _name in TORCH_NPU_OPS})
+# TorchAir's own forms that differ from torch_npu's op of the same name (torch_npu.<name> stays
+# the op): npu_fused_infer_attention_score takes its lengths as tensors (attention/fia_graph.py)
+_GRAPH_FORMS = {"npu_fused_infer_attention_score": _fia_graph.npu_fused_infer_attention_score}
+globals().update({_name: _GRAPH_FORMS.get(_name) or getattr(torch.ops.npu, _name)
+                  for _name in TORCH_NPU_OPS})
 
 def __getattr__(name: str):
     # TorchAir's older names; scope imports the op library, so they are looked up on first use
