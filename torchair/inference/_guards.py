@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from torchair.core import function_modes
+from torchair.inference._cache_io import TENSOR_STORE
 from torchair.inference._guard_eval import (ADVISORY_KINDS, Globals, GuardSet, Sources,
                                             UnsupportedGuard,
                                             describe_object, global_state, source_slot)
@@ -212,7 +213,6 @@ def _self_check(records: list[dict], frame: dict, globals_: dict) -> None:
                                f"({why}); the function changes what Dynamo guards")
 
 
-TENSOR_STORE = {"stored": "tensor"}  # a write's value until the cold start maps it (see below)
 
 
 def side_effects(on_found: Callable[[str], None]) -> list[list]:

@@ -13,7 +13,9 @@ call that fails a check is compiled with Dynamo (warning once, naming the guard)
 cached graph. What ``arguments`` does not see after the first call (module attributes and globals
 changed by plain assignment, submodules reordered in their container) is listed in the README. A guard that cannot be checked in another process makes the function uncacheable
 (compiled as usual, with a warning naming that guard). Calls run under ``torch.no_grad()``, as in
-TorchAir.
+TorchAir. What Dynamo's code does after the graph is done again after each call when it can be:
+constants set on existing objects, and tensors stored on modules' attributes (set to the call's
+own graph outputs or inputs); other Python side effects make the function uncacheable.
 
 With ``ge_cache=True`` the build is cached too: a static launch unit is compiled ahead of time
 (AOTInductor) into a shared library that the entry keeps, and a warm start runs it through
@@ -43,7 +45,8 @@ from torchair.core.utils import logger
 from torchair.inference import _cache_key as keys
 from torchair.inference import _cache_store as store
 from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_from_json,
-                                          info_to_json, output_spec, program_to_graph)
+                                          info_to_json, output_spec, program_to_graph,
+                                          tensor_stores)
 from torchair.inference._cache_runtime import Runtime
 from torchair.inference._graph_io import UnserializableGraph, graph_code, graph_to_json
 from torchair.inference._guard_eval import GuardSet, UnsupportedGuard
@@ -381,7 +384,8 @@ class CachedFunction:
             if why:
                 raise NotCacheable(f"an object whose attribute func sets cannot be found again "
                                    f"({why})")
-            _map_tensor_stores(state, targets)
+            if state.writes:
+                tensor_stores(state.writes, targets, state.aot_outputs, state.flat_inputs)
             files = self._payload(state, parts, guards, result)
             files.update(_library_files(state.records[0]))
             self._serve_from(files["meta.json"], state.records[0])
@@ -599,32 +603,6 @@ def _unit_files(rec: recorder.GraphRecord) -> tuple[dict, dict]:
     if tensors:
         files["constants.pt"] = store.dump_tensors(tensors)
     return files, unit
-
-
-def _map_tensor_stores(state: _ColdState, targets: list) -> None:
-    """Each tensor func stored on a module attribute (``self.cos_cached = cos``, a write whose
-    value is ``_guards.TENSOR_STORE``), as the graph output or input it is (``{"out": k}`` /
-    ``{"in": j}``, how the return value is described): a warm call sets the attribute to that
-    output of its own graph run, as Dynamo's code does after the graph."""
-    from torchair.inference._guards import TENSOR_STORE
-
-    for write, target in zip(state.writes, targets):
-        source, attr, value = write
-        if value != TENSOR_STORE:
-            continue
-        if not isinstance(target, torch.nn.Module):
-            raise NotCacheable(f"func stores a tensor on {source}.{attr}, and {source} is a "
-                               f"{type(target).__name__}, not an nn.Module")
-        stored = getattr(target, attr, None)
-        if not isinstance(stored, torch.Tensor):
-            raise NotCacheable(f"{source}.{attr} does not hold the tensor func stored there "
-                               f"after the call")
-        try:
-            write[2] = output_spec(stored, state.aot_outputs, state.flat_inputs,
-                                   lambda _: True)
-        except NotCacheable:
-            raise NotCacheable(f"the tensor func stores on {source}.{attr} is neither a graph "
-                               f"output nor a graph input") from None
 
 
 def _numbers_that_may_vary(state: _ColdState, guards: list) -> Callable[[Any], bool]:
