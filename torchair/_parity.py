@@ -71,8 +71,12 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
                                                   "relies on torch_npu's backend='npu'); "
                                                   "mode= and options= set CompilerConfig")),
     # ---- torchair.ops
-    ("torchair.ops.npu_fused_infer_attention_score", (WORKS, "also runs eagerly (TorchAir: "
-                                                             "graph mode only)")),
+    ("torchair.ops.npu_fused_infer_attention_score", (WORKS, "TorchAir's form: the lengths "
+                                                             "(actual_seq_lengths, _kv, "
+                                                             "actual_shared_prefix_len) as int64 "
+                                                             "tensors, int lists accepted; also "
+                                                             "runs eagerly (TorchAir: graph mode "
+                                                             "only)")),
     ("torchair.ops.npu_fused_infer_attention_score_v2", (WORKS, "mapped onto the v1 op; "
                                                                 "TND/NTD layouts, rope, int8 "
                                                                 "query and the *_dtype "
