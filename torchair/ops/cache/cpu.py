@@ -1,0 +1,47 @@
+"""The eager kernels of the cache-write ops: one ATen ``index_put_`` per call, CPU and CUDA.
+
+These ops are hot in decode (two calls per layer per step) and move only ``B * e`` slots, so the
+kernel is a single indexed copy: no Python loop over the batch, no host read of the indices.
+``index_put_`` without ``accumulate`` leaves the winner of duplicate targets unspecified (as
+Ascend does). On CUDA the same call runs PyTorch's indexing kernel, which already moves the
+slots at memory speed: there is no Triton kernel for these ops.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["scatter_nd_update_into", "scatter_update_into"]
+
+
+def scatter_update_into(self: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor, a: int,
+                        *, device_checked: bool = False) -> None:
+    """``self[batch, ..., start + k, ...] = updates[row, ..., k, ...]`` for every row (see
+    :mod:`torchair.ops.cache.scatter_update`); ``a`` is the non-negative axis.
+
+    ``device_checked``: the index values were not checked on the host (CUDA-graph capture);
+    negative positions are then sent past the end so that ``index_put_``'s device-side bounds
+    assert catches them instead of wrapping around."""
+    idx = indices.to(device=self.device, dtype=torch.int64)
+    e = updates.shape[a]
+    if idx.dim() == 1:
+        batch = torch.arange(idx.shape[0], device=self.device)
+        start = idx
+    else:
+        batch, start = idx[:, 0], idx[:, 1]
+    pos = start.view(-1, 1) + torch.arange(e, device=self.device).view(1, -1)  # [rows, e]
+    if device_checked:
+        size = self.shape[a]
+        pos = torch.where(pos < 0, size, pos)
+        batch = torch.where(batch < 0, self.shape[0], batch)
+    index: list[torch.Tensor | None] = [None] * self.dim()
+    index[0], index[a] = batch.view(-1, 1), pos
+    # the two advanced indices give [rows, e] in front of the remaining dims (also when a == 1)
+    torch.ops.aten.index_put_.default(self, index, updates.movedim(a, 1))
+
+
+def scatter_nd_update_into(self: torch.Tensor, indices: torch.Tensor,
+                           updates: torch.Tensor) -> None:
+    """``self[tuple(indices[i])] = updates[i]`` for every index row ``i`` (TensorFlow's
+    scatter_nd update; ``indices[..., :K]`` address the first K dims)."""
+    idx = indices.to(device=self.device, dtype=torch.int64)
+    self.index_put_(tuple(idx.unbind(-1)), updates)
