@@ -30,6 +30,7 @@ from torchair.ops.quant import dynamic_quant as _dynamic_quant  # noqa: F401 (re
 from torchair.ops.quant import quant_matmul as _quant_matmul  # noqa: F401 (registers)
 from torchair.ops.quant import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
 from torchair.ops.attention import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
+from torchair.ops.attention import prompt_flash_attention as _pfa  # noqa: F401 (registers)
 from torchair.ops.cache import scatter_update as _scatter_update  # noqa: F401 (registers)
 from torchair.ops.cache import scatter_nd_update as _scatter_nd_update  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
@@ -40,7 +41,7 @@ from torchair.ops._registry import get_value_dependent, value_dependent_ops
 # the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend;
 # one tuple per op family (a new family adds its import above and one tuple here)
 _ATTENTION_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score",
-                  "npu_fused_infer_attention_score_v2")
+                  "npu_fused_infer_attention_score_v2", "npu_prompt_flash_attention")
 _NORM_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_add_rms_norm_cast")
 _QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul",
               "npu_dequant_swiglu_quant")
