@@ -6,14 +6,14 @@ in-place ops, each in-place op here gets a *Functionalize* kernel: under ``torch
 functionalization) ``op_(x, ...)`` is traced as ``y = op(x, ...)`` and ``x`` is replaced by ``y``;
 AOT then ends the graph with ``copy_(x, y)`` when ``x`` is a graph input. torchair's
 ``reinplace_inputs`` pass turns ``op`` + ``copy_`` back into ``op_`` on the input (a KV cache
-written where it is, no copy), and :func:`register_inplace_pair` also tells Inductor's reinplace
-pass the same pair.
+written where it is, no copy), and Inductor's reinplace pass is told the same pair.
 
 :func:`define_inplace_pair` defines both ops with :func:`torchair.ops._registry.define_op`; the
 in-place kernel mutates ``self`` and returns it, its fake kernel returns ``self``.
 """
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import torch
@@ -49,19 +49,25 @@ def _functionalize_kernel(functional: torch._ops.OpOverload) -> Callable:
     return kernel
 
 
-def _register_with_inductor(functional: torch._ops.OpOverload,
-                            inplace: torch._ops.OpOverload) -> None:
-    """Let Inductor's reinplace pass write ``functional`` + ``copy_`` into a graph input as
-    ``inplace`` (its table of in-place-able ops; absent in some PyTorch: then Inductor copies
-    the result back into the input, which is correct, one copy slower)."""
-    try:
-        from torch._inductor.fx_passes import reinplace as _reinplace
-    except ImportError:  # pragma: no cover - a PyTorch without Inductor
+_PENDING: list[tuple[torch._ops.OpOverload, torch._ops.OpOverload]] = []
+_INDUCTOR_REINPLACE = "torch._inductor.fx_passes.reinplace"
+
+
+def _register_with_inductor() -> None:
+    """Let Inductor's reinplace pass write ``op`` + ``copy_`` into a graph input as ``op_`` (its
+    table of in-place-able ops). Done once Inductor is imported (importing it here would load
+    Dynamo with ``import torchair``): the fake kernels call this while Inductor's AOT traces.
+    Without the table (another PyTorch) Inductor copies the result back into the input: correct,
+    one copy slower."""
+    if not _PENDING or _INDUCTOR_REINPLACE not in sys.modules:
         return
-    table = getattr(_reinplace, "inplaceable_ops", None)
-    entry = getattr(_reinplace, "InplaceableOp", None)
+    reinplace = sys.modules[_INDUCTOR_REINPLACE]
+    table = getattr(reinplace, "inplaceable_ops", None)
+    entry = getattr(reinplace, "InplaceableOp", None)
     if isinstance(table, dict) and entry is not None:
-        table[functional] = entry(inplace, 0)
+        for functional, inplace in _PENDING:
+            table.setdefault(functional, entry(inplace, 0))
+    _PENDING.clear()
 
 
 def define_inplace_pair(functional_schema: str, *, fake: Callable, kernel: Callable,
@@ -77,17 +83,21 @@ def define_inplace_pair(functional_schema: str, *, fake: Callable, kernel: Calla
     inplace_schema = (f"{name}_(Tensor(a!) self," + rest[len("Tensor self,"):]
                       ).replace("-> Tensor", "-> Tensor(a!)")
 
+    def functional_fake(self, *args, **kwargs):
+        _register_with_inductor()
+        return fake(self, *args, **kwargs)
+
     def inplace_fake(self, *args, **kwargs):
-        fake(self, *args, **kwargs)  # the same checks
+        functional_fake(self, *args, **kwargs)  # the same checks
         return self
 
     def inplace_eager(self, *args, **kwargs):
         inplace_kernel(self, *args, **kwargs)
         return self
 
-    functional = define_op(functional_schema, fake=fake, kernel=kernel)
+    functional = define_op(functional_schema, fake=functional_fake, kernel=kernel)
     inplace = define_op(inplace_schema, fake=inplace_fake, kernel=inplace_eager)
     if defined_here(name + "_"):
         _lib.impl(name + "_", _functionalize_kernel(functional.default), "Functionalize")
-    _register_with_inductor(functional.default, inplace.default)
+    _PENDING.append((functional.default, inplace.default))
     return functional, inplace
