@@ -13,9 +13,10 @@ Older TorchAir names kept for its scripts (not in ``__all__``): ``npu_wait_tenso
 
 Layout: one package per op family, each with its op definitions and references at its top and
 its kernels per backend beneath (``cpu``, ``triton``): :mod:`torchair.ops.attention`,
-:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`, :mod:`torchair.ops.cache`;
-:mod:`torchair.ops.toolchain` builds the native (C/C++, ``toolchain/csrc``) and Triton kernels. Shared here: ``_registry`` (``define_op``,
-the value-dependent registry), ``_device_checks``, ``_print``, ``_events``.
+:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`, :mod:`torchair.ops.cache` (KV-cache
+writes); :mod:`torchair.ops.toolchain` builds the native (C/C++, ``toolchain/csrc``) and Triton
+kernels. Shared here: ``_registry`` (``define_op``, the value-dependent registry),
+``_device_checks``, ``_print``, ``_events``.
 """
 from __future__ import annotations
 
