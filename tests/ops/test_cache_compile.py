@@ -130,3 +130,22 @@ def test_out_of_range_position_in_the_compiled_unit_names_indices():
 def test_scatter_update_decode_step_under_inductor():
     _, report, _, _ = _run_steps(_IfaStep(), _ifa_inputs, (B, N, S, D), run_eagerly=False)
     assert report.passes.get("reinplace_inputs") == 2, str(report)
+
+
+def test_writes_through_views_of_one_kv_input():
+    """k and v caches as views ``kv[0]`` / ``kv[1]`` of one input: both writes reach it."""
+    def f(kv, pos, k, v):
+        torch.ops.npu.scatter_update_(kv[0], pos, k, 1)
+        rows = torch.stack([torch.arange(B), pos], 1)
+        torch.ops.npu.npu_scatter_nd_update_(kv[1], rows, v[:, 0])
+        return kv.sum(2)
+
+    compiled, backend = _compiled(f, run_eagerly=True)
+    kv = torch.randn(2, B, S, H)
+    eager = kv.clone()
+    for step in range(3):
+        pos = torch.tensor([step, S - 1 - step])
+        k, v = torch.randn(B, 1, H), torch.randn(B, 1, H)
+        torch.testing.assert_close(compiled(kv, pos, k, v), f(eager, pos, k, v))
+        assert torch.equal(kv, eager)
+    assert backend.frame_count == 1
