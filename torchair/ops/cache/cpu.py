@@ -21,22 +21,25 @@ def scatter_update_into(self: torch.Tensor, indices: torch.Tensor, updates: torc
     ``device_checked``: the index values were not checked on the host (CUDA-graph capture);
     negative positions are then sent past the end so that ``index_put_``'s device-side bounds
     assert catches them instead of wrapping around."""
-    idx = indices.to(device=self.device, dtype=torch.int64)
-    e = updates.shape[a]
+    idx = indices if indices.dtype == torch.int64 else indices.long()
+    if idx.device != self.device:
+        idx = idx.to(self.device)
     if idx.dim() == 1:
-        batch = torch.arange(idx.shape[0], device=self.device)
-        start = idx
+        batch = torch.arange(idx.shape[0], device=self.device).view(-1, 1)
+        pos = idx.view(-1, 1)
     else:
-        batch, start = idx[:, 0], idx[:, 1]
-    pos = start.view(-1, 1) + torch.arange(e, device=self.device).view(1, -1)  # [rows, e]
+        batch, pos = idx[:, :1], idx[:, 1:]
+    e = updates.shape[a]
+    if e > 1:
+        pos = pos + torch.arange(e, device=self.device).view(1, -1)  # [rows, e]
     if device_checked:
-        size = self.shape[a]
-        pos = torch.where(pos < 0, size, pos)
+        pos = torch.where(pos < 0, self.shape[a], pos)
         batch = torch.where(batch < 0, self.shape[0], batch)
-    index: list[torch.Tensor | None] = [None] * self.dim()
-    index[0], index[a] = batch.view(-1, 1), pos
+    index: list[torch.Tensor | None] = [None] * (a + 1)  # trailing dims: whole slices
+    index[0], index[a] = batch, pos
     # the two advanced indices give [rows, e] in front of the remaining dims (also when a == 1)
-    torch.ops.aten.index_put_.default(self, index, updates.movedim(a, 1))
+    values = updates if a == 1 else updates.movedim(a, 1)
+    torch.ops.aten.index_put_.default(self, index, values)
 
 
 def scatter_nd_update_into(self: torch.Tensor, indices: torch.Tensor,

@@ -125,19 +125,27 @@ def _targets(indices: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
 
 def check_index_values(self: torch.Tensor, indices: torch.Tensor, a: int, e: int,
                        op: str = OP) -> None:
-    """The bounds of the index values, read on the host (ValueError naming ``indices``)."""
-    batch, start = _targets(indices)
+    """The bounds of the index values, read on the host (ValueError naming ``indices``): one
+    min/max reduction, the offending row is looked for only on failure."""
     size = self.shape[a]
+    if indices.dim() == 1:
+        lo, hi = (int(x) for x in torch.aminmax(indices))
+        ok = lo >= 0 and hi + e <= size
+    else:
+        lo, hi = (x.tolist() for x in torch.aminmax(indices, dim=0))
+        ok = lo[0] >= 0 and hi[0] < self.shape[0] and lo[1] >= 0 and hi[1] + e <= size
+    if ok:
+        return
+    batch, start = _targets(indices)
     bad = (start < 0) | (start + e > size)
     if batch is not None:
         bad = bad | (batch < 0) | (batch >= self.shape[0])
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        got = indices[row].tolist()
-        where = "a batch id in [0, {}) and ".format(self.shape[0]) if batch is not None else ""
-        raise ValueError(f"{op}: indices[{row}]={got} is out of range; expected {where}a start "
-                         f"position p with 0 <= p and p + {e} <= self.shape[{a}]={size} "
-                         f"(updates write {e} slot(s) along axis {a})")
+    row = int(bad.nonzero()[0, 0])
+    got = indices[row].tolist()
+    where = f"a batch id in [0, {self.shape[0]}) and " if batch is not None else ""
+    raise ValueError(f"{op}: indices[{row}]={got} is out of range; expected {where}a start "
+                     f"position p with 0 <= p and p + {e} <= self.shape[{a}]={size} "
+                     f"(updates write {e} slot(s) along axis {a})")
 
 
 def scatter_update_reference(self: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor,
