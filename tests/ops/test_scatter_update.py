@@ -237,3 +237,26 @@ def test_scatter_nd_update_errors(indices, updates, err, match):
     with pytest.raises(err, match=match):
         ND_(x, indices, updates)
     assert not x.any()
+
+
+def test_device_checked_kernels_never_wrap_negative_indices():
+    """The CUDA-graph-capture path reads no value on the host: a negative index is sent past the
+    end, so index_put_'s bounds check fails (IndexError on CPU, a device assert on CUDA) instead
+    of writing the last slot."""
+    from torchair.ops.cache import cpu as kernels
+
+    cache = torch.zeros(2, 8, 4)
+    with pytest.raises(IndexError):
+        kernels.scatter_update_into(cache, torch.tensor([1, -1]), torch.ones(2, 1, 4), 1,
+                                    device_checked=True)
+    with pytest.raises(IndexError):
+        kernels.scatter_update_into(cache, torch.tensor([[-1, 0]]), torch.ones(1, 1, 4), 1,
+                                    device_checked=True)
+    with pytest.raises(IndexError):
+        kernels.scatter_nd_update_into(cache, torch.tensor([[0, -2]]), torch.ones(1, 4),
+                                       device_checked=True)
+    assert not cache[:, -2:].any()  # where -1 / -2 would have wrapped to: never written
+    cache.zero_()
+    kernels.scatter_update_into(cache, torch.tensor([6, 0]), torch.ones(2, 2, 4), 1,
+                                device_checked=True)  # in range: written as usual
+    assert cache.sum() == 2 * 2 * 4 and cache[0, 6:].all() and cache[1, :2].all()

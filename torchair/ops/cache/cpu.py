@@ -42,9 +42,16 @@ def scatter_update_into(self: torch.Tensor, indices: torch.Tensor, updates: torc
     torch.ops.aten.index_put_.default(self, index, values)
 
 
-def scatter_nd_update_into(self: torch.Tensor, indices: torch.Tensor,
-                           updates: torch.Tensor) -> None:
+def scatter_nd_update_into(self: torch.Tensor, indices: torch.Tensor, updates: torch.Tensor,
+                           *, device_checked: bool = False) -> None:
     """``self[tuple(indices[i])] = updates[i]`` for every index row ``i`` (TensorFlow's
-    scatter_nd update; ``indices[..., :K]`` address the first K dims)."""
-    idx = indices.to(device=self.device, dtype=torch.int64)
-    self.index_put_(tuple(idx.unbind(-1)), updates)
+    scatter_nd update; ``indices[..., :K]`` address the first K dims). ``device_checked``: as
+    :func:`scatter_update_into` (negative indices are sent past the end, no host tensor is made:
+    a host-to-device copy is not allowed while capturing)."""
+    idx = indices if indices.dtype == torch.int64 else indices.long()
+    if idx.device != self.device:
+        idx = idx.to(self.device)
+    columns = idx.unbind(-1)
+    if device_checked:
+        columns = tuple(torch.where(col < 0, self.shape[j], col) for j, col in enumerate(columns))
+    self.index_put_(columns, updates)

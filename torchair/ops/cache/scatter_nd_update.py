@@ -103,15 +103,9 @@ def scatter_nd_update_reference(self: torch.Tensor, indices: torch.Tensor,
 def _write(self, indices, updates) -> None:
     check_scatter_nd_update_args(self, indices, updates)
     capturing = self.is_cuda and torch.cuda.is_current_stream_capturing()
-    if capturing:
-        idx = indices.to(device=self.device, dtype=torch.int64)
-        # negative indices go past the end, where the device-side bounds assert fires (no host
-        # tensor is made: a host-to-device copy is not allowed while capturing)
-        indices = torch.stack([torch.where(col < 0, self.shape[j], col)
-                               for j, col in enumerate(idx.unbind(-1))], dim=-1)
-    else:
+    if not capturing:
         check_index_values(self, indices)
-    _fast.scatter_nd_update_into(self, indices, updates)
+    _fast.scatter_nd_update_into(self, indices, updates, device_checked=capturing)
 
 
 def _inplace(self, indices, updates):
