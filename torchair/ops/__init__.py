@@ -15,9 +15,10 @@ Older TorchAir names kept for its scripts (not in ``__all__``): ``npu_wait_tenso
 
 Layout: one package per op family, each with its op definitions and references at its top and
 its kernels per backend beneath (``cpu``, ``triton``): :mod:`torchair.ops.attention`,
-:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`; :mod:`torchair.ops.toolchain` builds the
-native (C/C++, ``toolchain/csrc``) and Triton kernels. Shared here: ``_registry`` (``define_op``,
-the value-dependent registry), ``_device_checks``, ``_print``, ``_events``.
+:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`, :mod:`torchair.ops.cache` (KV-cache
+writes); :mod:`torchair.ops.toolchain` builds the native (C/C++, ``toolchain/csrc``) and Triton
+kernels. Shared here: ``_registry`` (``define_op``, the value-dependent registry),
+``_device_checks``, ``_print``, ``_events``.
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ from torchair.ops.quant import quant_matmul as _quant_matmul  # noqa: F401 (regi
 from torchair.ops.quant import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
 from torchair.ops.attention import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
 from torchair.ops.attention import fia_graph as _fia_graph
+from torchair.ops.attention import prompt_flash_attention as _pfa  # noqa: F401 (registers)
+from torchair.ops.cache import scatter_update as _scatter_update  # noqa: F401 (registers)
+from torchair.ops.cache import scatter_nd_update as _scatter_nd_update  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print
@@ -41,11 +45,13 @@ from torchair.ops._registry import get_value_dependent, value_dependent_ops
 # the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend;
 # one tuple per op family (a new family adds its import above and one tuple here)
 _ATTENTION_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score",
-                  "npu_fused_infer_attention_score_v2")
+                  "npu_fused_infer_attention_score_v2", "npu_prompt_flash_attention")
 _NORM_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_add_rms_norm_cast")
 _QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul",
               "npu_dequant_swiglu_quant")
-TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS
+_CACHE_OPS = ("scatter_update", "scatter_update_", "npu_scatter_nd_update",
+               "npu_scatter_nd_update_")
+TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS + _CACHE_OPS
 # TorchAir's graph utilities (Python functions; see the module docstring)
 GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
                    "npu_tagged_event_wait", "npu_record_tagged_stream", "record", "wait")
