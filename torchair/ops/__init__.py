@@ -13,7 +13,7 @@ Older TorchAir names kept for its scripts (not in ``__all__``): ``npu_wait_tenso
 
 Layout: one package per op family, each with its op definitions and references at its top and
 its kernels per backend beneath (``cpu``, ``triton``): :mod:`torchair.ops.attention`,
-:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`; :mod:`torchair.ops.toolchain` builds the
+:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`, :mod:`torchair.ops.moe`; :mod:`torchair.ops.toolchain` builds the
 native (C/C++, ``toolchain/csrc``) and Triton kernels. Shared here: ``_registry`` (``define_op``,
 the value-dependent registry), ``_device_checks``, ``_print``, ``_events``.
 """
@@ -30,6 +30,8 @@ from torchair.ops.quant import dynamic_quant as _dynamic_quant  # noqa: F401 (re
 from torchair.ops.quant import quant_matmul as _quant_matmul  # noqa: F401 (registers)
 from torchair.ops.quant import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
 from torchair.ops.attention import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
+from torchair.ops.moe import gating as _moe_gating, routing as _moe_routing  # noqa: F401 (registers)
+from torchair.ops.moe import grouped_matmul as _grouped_matmul  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print
@@ -42,7 +44,9 @@ _ATTENTION_OPS = ("npu_incre_flash_attention", "npu_fused_infer_attention_score"
 _NORM_OPS = ("npu_rms_norm", "npu_add_rms_norm", "npu_add_rms_norm_cast")
 _QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_matmul",
               "npu_dequant_swiglu_quant")
-TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS
+_MOE_OPS = ("npu_moe_gating_top_k", "npu_moe_init_routing", "npu_moe_compute_expert_tokens",
+            "npu_moe_finalize_routing", "npu_grouped_matmul")
+TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS + _MOE_OPS
 # TorchAir's graph utilities (Python functions; see the module docstring)
 GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
                    "npu_tagged_event_wait", "npu_record_tagged_stream", "record", "wait")
