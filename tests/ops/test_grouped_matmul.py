@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import torchair
 import torchair.ops  # noqa: F401 (registers the ops)
@@ -111,6 +112,10 @@ def test_fake_kernel_shapes():
         pairs = GMM([torch.empty(2, 3, 4), torch.empty(5, 6)],
                     [torch.empty(4, 7), torch.empty(6, 2)], split_item=0, group_type=-1)
         assert [tuple(p.shape) for p in pairs] == [(2, 3, 7), (5, 2)]
+    with FakeTensorMode(shape_env=ShapeEnv()):  # one output per group: rows from the values
+        parts = GMM([torch.empty(9, 6)], [torch.empty(3, 6, 5)],
+                    group_list=torch.empty(3, dtype=torch.int64), split_item=0, group_type=0)
+        assert len(parts) == 3 and all(isinstance(p.shape[0], torch.SymInt) for p in parts)
 
 
 def test_compiled_equals_eager():
