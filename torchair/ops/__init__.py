@@ -37,6 +37,8 @@ from torchair.ops.attention import fia_graph as _fia_graph
 from torchair.ops.attention import prompt_flash_attention as _pfa  # noqa: F401 (registers)
 from torchair.ops.cache import scatter_update as _scatter_update  # noqa: F401 (registers)
 from torchair.ops.cache import scatter_nd_update as _scatter_nd_update  # noqa: F401 (registers)
+from torchair.ops.moe import gating as _moe_gating, routing as _moe_routing  # noqa: F401 (registers)
+from torchair.ops.moe import grouped_matmul as _grouped_matmul  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print
@@ -51,7 +53,9 @@ _QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_
               "npu_dequant_swiglu_quant")
 _CACHE_OPS = ("scatter_update", "scatter_update_", "npu_scatter_nd_update",
                "npu_scatter_nd_update_")
-TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS + _CACHE_OPS
+_MOE_OPS = ("npu_moe_gating_top_k", "npu_moe_init_routing", "npu_moe_compute_expert_tokens",
+            "npu_moe_finalize_routing", "npu_grouped_matmul")
+TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS + _CACHE_OPS + _MOE_OPS
 # TorchAir's graph utilities (Python functions; see the module docstring)
 GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
                    "npu_tagged_event_wait", "npu_record_tagged_stream", "record", "wait")
