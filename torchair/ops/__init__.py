@@ -15,10 +15,11 @@ Older TorchAir names kept for its scripts (not in ``__all__``): ``npu_wait_tenso
 
 Layout: one package per op family, each with its op definitions and references at its top and
 its kernels per backend beneath (``cpu``, ``triton``): :mod:`torchair.ops.attention`,
-:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`, :mod:`torchair.ops.cache` (KV-cache
-writes); :mod:`torchair.ops.toolchain` builds the native (C/C++, ``toolchain/csrc``) and Triton
-kernels. Shared here: ``_registry`` (``define_op``, the value-dependent registry),
-``_device_checks``, ``_print``, ``_events``.
+:mod:`torchair.ops.norm`, :mod:`torchair.ops.quant`, :mod:`torchair.ops.rope` (rotary embedding,
+the MLA cache op), :mod:`torchair.ops.activation` (SwiGLU), :mod:`torchair.ops.cache` (KV-cache
+writes), :mod:`torchair.ops.moe` (routing, grouped matmul); :mod:`torchair.ops.toolchain` builds
+the native (C/C++, ``toolchain/csrc``) and Triton kernels. Shared here: ``_registry``
+(``define_op``, the value-dependent registry), ``_device_checks``, ``_print``, ``_events``.
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ from torchair.ops.cache import scatter_update as _scatter_update  # noqa: F401 (
 from torchair.ops.cache import scatter_nd_update as _scatter_nd_update  # noqa: F401 (registers)
 from torchair.ops.moe import gating as _moe_gating, routing as _moe_routing  # noqa: F401 (registers)
 from torchair.ops.moe import grouped_matmul as _grouped_matmul  # noqa: F401 (registers)
+from torchair.ops.rope import rotary as _rotary  # noqa: F401 (registers)
+from torchair.ops.rope import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache  # noqa: F401 (registers)
+from torchair.ops.activation import swiglu as _swiglu  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print
@@ -55,7 +59,10 @@ _CACHE_OPS = ("scatter_update", "scatter_update_", "npu_scatter_nd_update",
                "npu_scatter_nd_update_")
 _MOE_OPS = ("npu_moe_gating_top_k", "npu_moe_init_routing", "npu_moe_compute_expert_tokens",
             "npu_moe_finalize_routing", "npu_grouped_matmul")
-TORCH_NPU_OPS = _ATTENTION_OPS + _NORM_OPS + _QUANT_OPS + _CACHE_OPS + _MOE_OPS
+_ROPE_OPS = ("npu_apply_rotary_pos_emb", "npu_rotary_mul", "npu_kv_rmsnorm_rope_cache")
+_ACTIVATION_OPS = ("npu_swiglu",)
+TORCH_NPU_OPS = (_ATTENTION_OPS + _NORM_OPS + _QUANT_OPS + _ROPE_OPS + _ACTIVATION_OPS + _CACHE_OPS
+                 + _MOE_OPS)
 # TorchAir's graph utilities (Python functions; see the module docstring)
 GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_record",
                    "npu_tagged_event_wait", "npu_record_tagged_stream", "record", "wait")
@@ -65,6 +72,7 @@ GRAPH_UTILITIES = ("npu_print", "npu_create_tagged_event", "npu_tagged_event_rec
 _GRAPH_FORMS = {"npu_fused_infer_attention_score": _fia_graph.npu_fused_infer_attention_score}
 globals().update({_name: _GRAPH_FORMS.get(_name) or getattr(torch.ops.npu, _name)
                   for _name in TORCH_NPU_OPS})
+
 
 def __getattr__(name: str):
     # TorchAir's older names; scope imports the op library, so they are looked up on first use

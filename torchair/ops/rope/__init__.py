@@ -1,0 +1,11 @@
+"""Rotary-embedding ops: ``npu_apply_rotary_pos_emb`` (in place on query and key),
+``npu_rotary_mul`` (functional) and DeepSeek MLA's ``npu_kv_rmsnorm_rope_cache``.
+
+* ``common.py``: the rotation modes (half / quarter / interleave), argument checks and the fp32
+  reference rotation shared by the ops.
+* ``rotary.py``: ``npu_apply_rotary_pos_emb`` (+ its functional twin, what a compiled graph runs)
+  and ``npu_rotary_mul``: schemas, fake kernels, references, eager dispatch.
+* ``kv_rmsnorm_rope_cache.py``: ``npu_kv_rmsnorm_rope_cache`` (+ functional twin).
+* ``_inplace.py``: the functionalization kernel shared by the in-place ops.
+* Kernels per backend: ``cpu.py``, ``triton.py``.
+"""
