@@ -35,8 +35,12 @@ def test_fused_kernel_equals_reference(dtype, shape, dim):
     got = SWIGLU(x, dim=dim)
     want = swiglu_reference(x, dim)
     assert got.dtype == dtype and got.shape == want.shape
-    assert torch.equal(got, want)  # the same float32 math, one rounding
-    assert torch.equal(swiglu_cpu(x, dim % x.dim()), want)
+    # the same float32 math and one rounding; PyTorch's contiguous (vectorized) and strided silu
+    # may differ by an ulp of float32 (they do on torch 2.11 for these shapes, not on 2.13), so
+    # float32 within 2 ulps and the rounded dtypes within one step of their own
+    tol = {torch.float32: 2 ** -22, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[dtype]
+    for out in (got, swiglu_cpu(x, dim % x.dim())):
+        torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=1e-6)
 
 
 def test_non_contiguous_input():

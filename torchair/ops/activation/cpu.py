@@ -5,8 +5,9 @@ checked. The reference converts the whole ``[..., 2H]`` input to float32, then a
 silu and the product; this kernel converts only the first half ``A`` (float32 input: one copy of
 ``A``), applies silu in place on it and multiplies ``B`` in (promoted inside the product), then
 rounds once: one float32 buffer of ``H`` per row instead of four. The float32 math is the
-reference's (PyTorch's silu, then the product), so results equal it bit for bit for contiguous
-inputs (PyTorch's strided silu may round differently from its vectorized one by an ulp).
+reference's (PyTorch's silu, then the product); PyTorch's silu on a contiguous buffer (here) and
+on a strided view (the reference's half) may round differently by an ulp of float32, depending
+on the PyTorch version, so results are within an ulp of the reference's (equal on torch 2.13).
 """
 from __future__ import annotations
 
