@@ -11,7 +11,11 @@
 #   4. decode attention on CUDA: the Triton kernel's K+V bandwidth vs the measured copy
 #      bandwidth and vs SDPA;
 #   5. the static compile report of every Triton kernel for the GPU's architecture;
-#   6. the CPU suite under the machine's own PyTorch (2.11 there: the oldest we support).
+#   6. `torchair demo --experts` (MoE through the torch_npu MoE ops) and the vllm-ascend-style
+#      decode script (examples/peer/vllm_ascend_decode.py) under `torchair run --device cuda`;
+#   7. the CPU suite under the machine's own PyTorch (2.11 there: the oldest we support);
+#      CPU_TESTS (default: tests) narrows it to the files a change touched.
+# SKIP="step step" leaves steps out (their names as printed, e.g. SKIP="decode_attention").
 # Results go to $OUT (the device tool's output folder, at most 8 files come back) or
 # bench/results/gpu: log.txt holds every step's whole output, the JSON files beside it; copy them
 # into bench/results/ afterwards. Runs from the repository root with the machine's own
@@ -28,6 +32,7 @@ status=0
 step_out=$(mktemp)
 run() {  # run NAME SECONDS CMD...: bounded, whole output appended to the log, tail shown
     local name=$1 limit=$2; shift 2
+    case " ${SKIP:-} " in *" $name "*) echo "== $name: skipped (SKIP)"; return 0;; esac
     local start=$SECONDS
     echo "== $name: $*"
     echo "===== $name: $*" >> "$log"
@@ -59,7 +64,11 @@ run decode_attention "${T_ATTN:-45}" python3 bench/bench_decode_attention.py --d
     --out "$out/decode_attention_cuda.json"
 run triton_static "${T_STATIC:-30}" python3 -m torchair.ops.toolchain.triton_aot --arch "$arch" \
     --json "$out/triton_sm${arch}_static.json"
+run demo_moe "${T_MOE:-60}" python3 -m torchair demo --device cuda --batch 1 4 --steps 8 \
+    --experts 4 --top-k 2 --no-progress --json "$out/demo_moe_cuda.json"
+run ascend_script "${T_SCRIPT:-90}" python3 -m torchair run --device cuda \
+    examples/peer/vllm_ascend_decode.py --cache-dir "$(mktemp -d)"
 TAIL=25 run cpu_suite "${T_CPU:-200}" python3 -m pytest -q -m "not cuda and not inductor" \
-    -p no:cacheprovider -rfE $(xdist 12) tests
+    -p no:cacheprovider -rfE $(xdist 12) ${CPU_TESTS:-tests}
 rm -f "$step_out"
 exit $status

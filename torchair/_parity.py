@@ -71,8 +71,12 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
                                                   "relies on torch_npu's backend='npu'); "
                                                   "mode= and options= set CompilerConfig")),
     # ---- torchair.ops
-    ("torchair.ops.npu_fused_infer_attention_score", (WORKS, "also runs eagerly (TorchAir: "
-                                                             "graph mode only)")),
+    ("torchair.ops.npu_fused_infer_attention_score", (WORKS, "TorchAir's form: the lengths "
+                                                             "(actual_seq_lengths, _kv, "
+                                                             "actual_shared_prefix_len) as int64 "
+                                                             "tensors, int lists accepted; also "
+                                                             "runs eagerly (TorchAir: graph mode "
+                                                             "only)")),
     ("torchair.ops.npu_fused_infer_attention_score_v2", (WORKS, "mapped onto the v1 op; "
                                                                 "TND/NTD layouts, rope, int8 "
                                                                 "query and the *_dtype "
@@ -131,6 +135,12 @@ PUBLIC_API: "OrderedDict[str, tuple[str, str]]" = OrderedDict([
                                              "json); use config.debug.data_dump")),
     ("torchair.scope.profiler_trace", (NO_EFFECT, "Ascend profiler marks; recorded in graph "
                                                   "dumps and the report; use torch.profiler")),
+    ("torchair.core.utils.EVENT_LEVEL", (WORKS, "35, TorchAir's EVENT log level; "
+                                                "torchair.logger.event(msg) logs at it and "
+                                                "logger.warning_once(msg) warns once")),
+    ("torchair.ge_concrete_graph.ge_converter.experimental.patch_for_hcom_allreduce",
+     (WORKS, "importing it patches as torchair.distributed.patch_for_hcom() does (no GE "
+             "converters exist here)")),
     # ---- torchair.npu_fx_compiler, torchair.patterns
     ("torchair.npu_fx_compiler.get_npu_backend", (WORKS, "same object as "
                                                          "torchair.get_npu_backend")),

@@ -3,6 +3,7 @@
 the same objects, backend="torchair" compiles, the layout helpers check their arguments, and
 importing torchair stays light."""
 import json
+import logging
 import subprocess
 import sys
 
@@ -156,6 +157,30 @@ def test_patch_for_hcom_and_ge_converter_registration():
     assert torchair.register_fx_node_ge_converter(None)(converter) is converter
     with pytest.raises(TypeError, match="aten_op must be a torch op"):
         torchair.register_fx_node_ge_converter("aten.add")
+
+
+def test_event_level_and_hcom_allreduce_module_path(caplog):
+    from torchair.core.utils import EVENT_LEVEL, logger
+
+    assert EVENT_LEVEL == 35 and logging.getLevelName(EVENT_LEVEL) == "EVENT"
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        logger.event("step %d done", 3)
+        logger.warning_once("said once")
+        logger.warning_once("said once")
+    finally:
+        logger.removeHandler(handler)
+    assert [(r.levelno, r.getMessage()) for r in records] == [(EVENT_LEVEL, "step 3 done"),
+                                                             (logging.WARNING, "said once")]
+    assert type(logging.getLogger("not_torchair")) is logging.Logger  # nothing else patched
+    # a fresh process: the TorchAir import path patches the collectives as patch_for_hcom does
+    code = ("import torchair.ge_concrete_graph.ge_converter.experimental.patch_for_hcom_allreduce"
+            "\nfrom torchair.distributed import patched_for_hcom; print(patched_for_hcom())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "True", out.stderr[-2000:]
 
 
 def test_import_is_light_and_patches_nothing():

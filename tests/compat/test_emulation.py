@@ -149,8 +149,9 @@ def test_format_cast_is_the_identity(torch_npu):
 
 
 def test_unemulated_names_raise_naming_them(torch_npu):
-    with pytest.raises(NotImplementedError, match=r"torch_npu\.npu_moe_gating_top_k is Ascend"):
-        _ = torch_npu.npu_moe_gating_top_k
+    with pytest.raises(NotImplementedError,
+                       match=r"torch_npu\.npu_moe_distribute_dispatch is Ascend"):
+        _ = torch_npu.npu_moe_distribute_dispatch
     with pytest.raises(compat.NotEmulatedError, match=r"torch_npu\.npu\.NPUGraph is Ascend-only"):
         _ = torch.npu.NPUGraph
     assert not hasattr(torch_npu, "profiler")  # still an AttributeError for feature probes

@@ -314,8 +314,8 @@ def test_errors(tmp_path):
     with pytest.raises(TypeError, match="func must be a method of an nn.Module"):
         cache_compile(lambda x: x)
     model = src.Model(tmp_path / "c", config=_config())
-    with pytest.raises(TypeError, match="fullgraph is set by cache_compile"):
-        cache_compile(model.decode, fullgraph=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'options'"):
+        cache_compile(model.decode, options={})
     with pytest.raises(TypeError, match=r"backend must come from torchair.get_npu_backend"):
         cache_compile(model.decode, backend="eager")
 

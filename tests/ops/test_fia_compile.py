@@ -28,9 +28,13 @@ KW = dict(num_heads=N, num_key_value_heads=N_KV, input_layout="BNSD", scale=0.25
 def test_registration_and_export():
     entry = get_value_dependent(OP.default)
     assert entry is not None and entry in value_dependent_ops()
-    assert entry.args == ("actual_seq_lengths", "actual_seq_lengths_kv")
+    assert entry.args == ("actual_seq_lengths", "actual_seq_lengths_kv",
+                          "actual_shared_prefix_len")
     assert entry.twin is TWIN.default
-    assert torchair.ops.npu_fused_infer_attention_score is OP
+    # torchair.ops' name is TorchAir's tensor-length form (test_fia_graph_form.py), not the op
+    from torchair.ops.attention.fia_graph import npu_fused_infer_attention_score as graph_form
+    assert torchair.ops.npu_fused_infer_attention_score is graph_form
+    assert torchair.ops.npu_fused_infer_attention_score is not OP
     assert "npu_fused_infer_attention_score" in torchair.ops.__all__
 
 
@@ -159,8 +163,7 @@ def test_antiquant_errors():
               value_antiquant_scale=torch.ones(N_KV * D))
 
 
-@pytest.mark.parametrize("name", ["query_padding_size", "key_shared_prefix",
-                                  "value_shared_prefix", "query_rope", "key_rope",
+@pytest.mark.parametrize("name", ["query_padding_size", "query_rope", "key_rope",
                                   "key_rope_antiquant_scale", "dequant_scale1", "quant_scale1",
                                   "dequant_scale2"])
 def test_not_implemented_arguments(name):
@@ -168,11 +171,9 @@ def test_not_implemented_arguments(name):
         _call(**{name: torch.zeros(1)})
 
 
-def test_not_implemented_modes_and_prefix_len():
+def test_not_implemented_modes():
     with pytest.raises(NotImplementedError, match="sparse_mode=5"):
         _call(sparse_mode=5)
-    with pytest.raises(NotImplementedError, match="actual_shared_prefix_len"):
-        _call(actual_shared_prefix_len=[3])
     with pytest.raises(NotImplementedError, match="int8 query"):
         q = torch.zeros(B, N, S_Q, D, dtype=torch.int8)
         _call(q=q, k=q[:, :N_KV], v=q[:, :N_KV])

@@ -8,9 +8,18 @@ On the CPU, work runs in order on the host, so streams and events are faithful n
 records a host timestamp, so ``elapsed_time`` returns the real milliseconds between two
 ``record`` calls and raises the ``ValueError`` CUDA raises when an event was not created with
 ``enable_timing=True`` or not recorded.
+
+Inside code Dynamo traces they stay no-ops and add nothing to the graph: ``with
+torch.npu.stream(s)`` is an empty context, ``Event.record`` / ``wait`` and the ``Stream``
+methods do nothing (a compiled graph's ops already run in order on the host). The argument
+checks run eagerly only, and an event recorded inside a compiled graph keeps no timestamp
+(``elapsed_time`` on it raises the "must be recorded" error). Dynamo sees a ``torch.Stream``
+subclass as its own stream object, so a check such as ``isinstance(s, HostStream)`` cannot be
+traced; hence the eager-only checks.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -20,29 +29,31 @@ import torch
 
 from torchair.compat._device import to_emulated
 
-__all__ = ["HostEvent", "HostStream", "stream_api"]
+__all__ = ["HostEvent", "HostStream", "host_record_stream", "stream_api"]
 
 _CPU = torch._C.device("cpu")  # the real class: torch.device is replaced while emulating
+_tracing = torch.compiler.is_dynamo_compiling  # True while Dynamo traces (see the module doc)
 
 
-class HostStream(torch.Stream):
+class HostStream:
     """A ``torch.npu.Stream`` on the CPU: ``Stream(device=None, priority=0)``.
 
-    A ``torch.Stream`` (so ``Tensor.record_stream`` accepts it) whose methods do nothing: host
-    work is already ordered. ``stream_id`` is 0 for the default stream, then 1, 2, ...
+    Its methods do nothing: host work is already ordered. ``stream_id`` is 0 for the default
+    stream, then 1, 2, ... Not a ``torch.Stream``: Dynamo would trace one as a device stream
+    and put stream ops into the graph, which refuse this module's events; as a plain object
+    Dynamo traces its (empty) methods. ``Tensor.record_stream`` with one is a no-op (the
+    emulation's function mode answers it: the torch op refuses CPU tensors).
     """
 
     _ids = itertools.count(1)
 
-    def __new__(cls, device: Any = None, priority: int = 0, *,
-                stream_id: int | None = None) -> HostStream:
+    def __init__(self, device: Any = None, priority: int = 0, *,
+                 stream_id: int | None = None) -> None:
         to_emulated(_CPU, device)  # rejects what is not an NPU device
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise TypeError(f"torch.npu.Stream: priority must be an int; got {priority!r}")
-        self = super().__new__(cls, device="cpu", priority=priority)
-        self._stream_id = next(cls._ids) if stream_id is None else stream_id
+        self._stream_id = next(type(self)._ids) if stream_id is None else stream_id
         self._priority = priority
-        return self
 
     @property
     def stream_id(self) -> int:
@@ -63,21 +74,21 @@ class HostStream(torch.Stream):
         return None
 
     def wait_event(self, event: HostEvent) -> None:
-        _check(event, HostEvent, "Stream.wait_event", "event")
+        if not _tracing():
+            _check(event, HostEvent, "Stream.wait_event", "event")
 
     def wait_stream(self, stream: HostStream) -> None:
-        _check(stream, HostStream, "Stream.wait_stream", "stream")
+        if not _tracing():
+            _check(stream, HostStream, "Stream.wait_stream", "stream")
 
     def record_event(self, event: HostEvent | None = None) -> HostEvent:
         event = HostEvent() if event is None else event
-        event.record(self)
+        if not _tracing():
+            event.record(self)
         return event
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, HostStream) and other._stream_id == self._stream_id
-
-    def __ne__(self, other: object) -> bool:  # torch.Stream has its own
-        return not self.__eq__(other)
 
     def __hash__(self) -> int:
         return hash(("npu-host-stream", self._stream_id))
@@ -98,12 +109,14 @@ class HostEvent:
         self._time: float | None = None
 
     def record(self, stream: HostStream | None = None) -> None:
+        if _tracing():
+            return
         if stream is not None:
             _check(stream, HostStream, "Event.record", "stream")
         self._time = time.perf_counter()
 
     def wait(self, stream: HostStream | None = None) -> None:
-        if stream is not None:
+        if stream is not None and not _tracing():
             _check(stream, HostStream, "Event.wait", "stream")
 
     def query(self) -> bool:
@@ -126,6 +139,17 @@ class HostEvent:
         return f"<torch.npu.Event {state} (emulated on CPU)>"
 
 
+_TENSOR_RECORD_STREAM = torch.Tensor.record_stream
+
+
+def host_record_stream(self: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream`` on a CPU emulation: a no-op for a ``torch.npu.Stream`` (a CPU
+    tensor has no stream to record), torch's own method for anything else."""
+    if isinstance(stream, HostStream):
+        return None
+    return _TENSOR_RECORD_STREAM(self, stream)
+
+
 _PUBLIC = {HostStream: "Stream", HostEvent: "Event"}
 
 
@@ -142,18 +166,18 @@ class _StreamContext:
     _api: _HostStreams
 
     def __init__(self, stream: HostStream | None) -> None:
-        if stream is not None:
+        if stream is not None and not _tracing():
             _check(stream, HostStream, "stream", "stream")
         self.stream, self._prev = stream, None
 
     def __enter__(self) -> HostStream | None:
-        if self.stream is not None:
+        if self.stream is not None and not _tracing():
             self._prev = self._api.current_stream()
             self._api.set_stream(self.stream)
         return self.stream
 
     def __exit__(self, *exc: object) -> None:
-        if self.stream is not None:
+        if self.stream is not None and not _tracing():
             self._api.set_stream(self._prev)
 
 
@@ -174,12 +198,14 @@ class _HostStreams:
         return self.default
 
     def set_stream(self, stream: HostStream | None) -> None:
-        if stream is None:
+        if stream is None or _tracing():
             return
         _check(stream, HostStream, "set_stream", "stream")
         self._local.stream = stream
 
-    def stream(self, stream: HostStream | None) -> _StreamContext:
+    def stream(self, stream: HostStream | None) -> Any:
+        if _tracing():
+            return contextlib.nullcontext(stream)
         return self.context(stream)
 
 

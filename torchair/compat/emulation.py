@@ -34,7 +34,7 @@ from torchair.compat._distributed import distributed_patches, make_torch_npu_dis
 from torchair.compat._mode import (NpuDeviceMode, make_device_class, pop_mode, route_factories,
                                    routes_factories_after_compile, unroute_factories)
 from torchair.compat._npu_namespace import make_npu_namespace
-from torchair.compat._streams import HostStream
+from torchair.compat._streams import HostStream, host_record_stream
 from torchair.compat._submodules import (TorchNpuFinder, inline_script_wrappers, make_package,
                                          transfer_patches)
 from torchair.compat._torch_npu import make_torch_npu
@@ -202,6 +202,8 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
         emulation._set(owner, name, value)
     emulation._set(torch, "npu", npu_ns)
     emulation._set(torch.Tensor, "npu", tensor_npu)
+    if target.type == "cpu":  # a host stream is not a torch.Stream (see _streams.HostStream)
+        emulation._set(torch.Tensor, "record_stream", host_record_stream)
     emulation._set(torch.Tensor, "is_npu", property(lambda self: self.device.type == target.type))
     emulation._set(torch.nn.Module, "npu", module_npu)
     emulation._set(torch, "device", make_device_class(str(target), mode))

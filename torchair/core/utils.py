@@ -1,4 +1,5 @@
-"""Shared utilities: the ``torchair`` logger.
+"""Shared utilities: the ``torchair`` logger (with TorchAir's ``EVENT_LEVEL``, ``logger.event``
+and ``logger.warning_once``).
 
 Everything in the package logs through ``logger`` (``logging.getLogger("torchair")``), so users
 control verbosity the TorchAir way: ``logger.setLevel(logging.DEBUG)``.
@@ -6,6 +7,7 @@ control verbosity the TorchAir way: ``logger.setLevel(logging.DEBUG)``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -14,6 +16,26 @@ from typing import Iterator
 
 logger = logging.getLogger("torchair")
 
+# TorchAir's EVENT level (between WARNING and ERROR) and ``logger.event(msg, *args)``: scripts log
+# their own milestones through it. Attached to this logger only: the process's logger class is
+# left alone (TorchAir replaces it for every logger created afterwards).
+EVENT_LEVEL = 35
+logging.addLevelName(EVENT_LEVEL, "EVENT")
+
+
+def _event(msg: object, *args: object, **kwargs: object) -> None:
+    if logger.isEnabledFor(EVENT_LEVEL):
+        logger._log(EVENT_LEVEL, msg, args, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _warning_once(msg: str) -> None:
+    logger.warning(msg)
+
+
+logger.event = _event  # type: ignore[attr-defined]
+logger.warning_once = _warning_once  # type: ignore[attr-defined]
+
 if not logger.handlers:
     _handler = logging.StreamHandler()
     _handler.setFormatter(logging.Formatter("[torchair %(levelname)s] %(message)s"))
@@ -21,7 +43,7 @@ if not logger.handlers:
     logger.propagate = False
     logger.setLevel(os.environ.get("TORCHAIR_LOG_LEVEL", "WARNING").upper())
 
-__all__ = ["env_switch", "logger", "progress"]
+__all__ = ["EVENT_LEVEL", "env_switch", "logger", "progress"]
 
 
 def env_switch(name: str) -> bool:

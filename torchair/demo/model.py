@@ -7,6 +7,15 @@ Per layer: ``npu_add_rms_norm`` (residual add + RMSNorm in one op) -> q/k/v proj
 output projection -> ``npu_add_rms_norm`` -> SwiGLU MLP. A final ``npu_add_rms_norm``, the LM
 head and ``argmax`` give the next token (greedy), inside the step.
 
+Mixture of experts (``DemoConfig.experts`` = E > 0): the MLP of every layer becomes E SwiGLU
+experts of ``intermediate`` columns each, ``top_k`` per token, through torch_npu's MoE ops as
+vllm-ascend's TorchAir path calls them (:class:`MoE`): router logits ->
+``npu_moe_gating_top_k`` (softmax, the chosen weights renormalized) -> ``npu_moe_init_routing``
+(tokens permuted by expert) -> ``npu_moe_compute_expert_tokens`` -> ``npu_grouped_matmul``
+(gate | up) -> SwiGLU -> ``npu_grouped_matmul`` (down) -> ``npu_moe_finalize_routing`` (weighted
+un-permute). Every shape is sized by the batch, not by the routing, so the step stays one static
+graph. MoE is not combined with tensor parallelism.
+
 Tensor parallel (``DemoConfig.tp`` > 1, :func:`shard`): Megatron style, q/k/v and gate/up
 column-parallel (each rank holds ``heads / tp`` query heads, ``kv_heads / tp`` KV heads and
 ``intermediate / tp`` SwiGLU columns), o/down row-parallel followed by a functional
@@ -27,7 +36,7 @@ import torch.nn.functional as F
 
 import torchair  # noqa: F401  (registers torch.ops.npu.*)
 
-__all__ = ["DemoConfig", "Decoder", "PagedKVCache", "shard"]
+__all__ = ["DemoConfig", "Decoder", "MoE", "PagedKVCache", "shard"]
 
 # A module constant, not a module attribute: Dynamo (dynamic=True) would trace a float attribute
 # as a graph input and then retrace once to specialize it.
@@ -48,6 +57,8 @@ class DemoConfig:
     max_len: int = 128  # positions the rotary table and the block table cover
     rope: bool = True
     tp: int = 1  # tensor-parallel ranks; the local_* sizes are one rank's shard
+    experts: int = 0  # > 0: each layer's MLP is a mixture of this many SwiGLU experts
+    top_k: int = 2  # experts per token (with experts > 0)
 
     @property
     def head_dim(self) -> int:
@@ -89,6 +100,17 @@ class DemoConfig:
             raise ValueError(f"block_size={self.block_size} must be a multiple of 16 (page "
                              f"attention's constraint)")
         self.check_tp()
+        self.check_moe()
+
+    def check_moe(self) -> None:
+        """``experts`` >= 0; with experts, ``top_k`` in [1, experts] and no tensor parallelism."""
+        if self.experts < 0:
+            raise ValueError(f"--experts {self.experts} must be >= 0 (0: a dense SwiGLU MLP)")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"--top-k {self.top_k} must be in [1, --experts {self.experts}]")
+        if self.experts and self.tp > 1:
+            raise ValueError(f"--experts {self.experts} with --tp {self.tp}: the MoE layer is not "
+                             f"sharded; use --tp 1 with --experts")
 
     def check_tp(self) -> None:
         """The heads, KV heads and SwiGLU size must split evenly over ``tp`` ranks."""
@@ -113,9 +135,12 @@ class Layer(torch.nn.Module):
         self.v_proj = torch.nn.Linear(cfg.hidden, cfg.local_kv_hidden, bias=False)
         self.o_proj = torch.nn.Linear(q_hidden, cfg.hidden, bias=False)
         self.mlp_norm = torch.nn.Parameter(1.0 + 0.1 * torch.randn(cfg.hidden))
-        self.gate_proj = torch.nn.Linear(cfg.hidden, cfg.local_intermediate, bias=False)
-        self.up_proj = torch.nn.Linear(cfg.hidden, cfg.local_intermediate, bias=False)
-        self.down_proj = torch.nn.Linear(cfg.local_intermediate, cfg.hidden, bias=False)
+        if cfg.experts:
+            self.moe = MoE(cfg)
+        else:
+            self.gate_proj = torch.nn.Linear(cfg.hidden, cfg.local_intermediate, bias=False)
+            self.up_proj = torch.nn.Linear(cfg.hidden, cfg.local_intermediate, bias=False)
+            self.down_proj = torch.nn.Linear(cfg.local_intermediate, cfg.hidden, bias=False)
 
     def attention(self, a, cos, sin, slots, block_table, lens, k_pool, v_pool):
         cfg = self.cfg
@@ -146,7 +171,48 @@ class Layer(torch.nn.Module):
                                                         k_pool, v_pool)))
         m, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.mlp_norm,
                                                         EPS)
+        if self.cfg.experts:
+            return residual, self.moe(m)
         return residual, self._reduce(self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m)))
+
+
+class MoE(torch.nn.Module):
+    """``experts`` SwiGLU experts, ``top_k`` per token, through torch_npu's MoE ops (module doc).
+
+    Weights as vllm-ascend lays them out for ``npu_grouped_matmul``: ``w13 [E, hidden, 2 * I]``
+    (gate | up) and ``w2 [E, I, hidden]``; the router is a ``Linear(hidden, E)``.
+    """
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        e, h, i = cfg.experts, cfg.hidden, cfg.intermediate
+        self.router = torch.nn.Linear(h, e, bias=False)
+        # Linear's default initialization, one matrix per expert
+        self.w13 = torch.nn.Parameter(torch.empty(e, h, 2 * i).uniform_(-h ** -0.5, h ** -0.5))
+        self.w2 = torch.nn.Parameter(torch.empty(e, i, h).uniform_(-i ** -0.5, i ** -0.5))
+
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        x = m.reshape(-1, cfg.hidden)  # [tokens, hidden]
+        tokens = x.shape[0]
+        weights, ids, _ = torch.ops.npu.npu_moe_gating_top_k(self.router(x), cfg.top_k,
+                                                             norm_type=0)
+        # row_idx[n, k] = k * tokens + n: the (token, choice) layout init_routing expects
+        row_idx = torch.arange(tokens * cfg.top_k, dtype=torch.int32, device=x.device)
+        row_idx = row_idx.view(cfg.top_k, tokens).t().contiguous()
+        rows, src_to_dst, sorted_ids = torch.ops.npu.npu_moe_init_routing(x, row_idx, ids,
+                                                                          tokens)
+        ends = torch.ops.npu.npu_moe_compute_expert_tokens(sorted_ids, cfg.experts)
+        ends = ends.to(torch.int64)
+        gate_up = torch.ops.npu.npu_grouped_matmul([rows], [self.w13], group_list=ends,
+                                                   split_item=2, group_type=0)[0]
+        gate, up = gate_up.chunk(2, dim=-1)
+        down = torch.ops.npu.npu_grouped_matmul([F.silu(gate) * up], [self.w2], group_list=ends,
+                                                split_item=2, group_type=0)[0]
+        out = torch.ops.npu.npu_moe_finalize_routing(down, None, None, None, weights,
+                                                     src_to_dst, ids)
+        return out.view(m.shape)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

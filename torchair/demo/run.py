@@ -16,7 +16,8 @@ entry: the same path-4 launch unit, later calls checked by torchair's own guards
 Dynamo's per-call work; ``--no-cache-compile`` leaves it out) generate side by side (each with its
 own KV cache, rotating which goes first), and the demo prints per-step latency, compile counts,
 the gears and whether the tokens match. Exit code 0 only when every compiled step's tokens equal
-eager's exactly.
+eager's exactly. ``--experts E --top-k K`` makes every layer's MLP a mixture of experts through
+torch_npu's MoE ops (:class:`torchair.demo.model.MoE`), in the same one static graph.
 """
 from __future__ import annotations
 
@@ -64,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-heads", type=int, default=2, help="key/value heads, GQA (default 2)")
     p.add_argument("--intermediate", type=int, default=None,
                    help="SwiGLU size (default 2 x hidden)")
+    p.add_argument("--experts", type=int, default=0, metavar="E",
+                   help="E > 0: each layer's MLP is a mixture of E SwiGLU experts of "
+                        "--intermediate columns, through npu_moe_gating_top_k, "
+                        "npu_moe_init_routing, npu_grouped_matmul and npu_moe_finalize_routing "
+                        "(default 0: a dense SwiGLU MLP)")
+    p.add_argument("--top-k", type=int, default=2, metavar="K",
+                   help="experts per token with --experts (default 2)")
     p.add_argument("--vocab", type=int, default=512, help="vocabulary size (default 512)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (default 16)")
     p.add_argument("--no-rope", action="store_true", help="leave out the rotary embedding")
@@ -276,8 +284,10 @@ def _first_mismatch(a: torch.Tensor, b: torch.Tensor) -> list[int] | None:
 
 
 def _describe(args, cfg: DemoConfig) -> str:
+    mlp = (f"MoE {cfg.experts} experts x SwiGLU {cfg.intermediate}, top-{cfg.top_k}"
+           if cfg.experts else f"SwiGLU {cfg.intermediate}")
     return (f"Llama-style decoder: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads / "
-            f"{cfg.kv_heads} KV heads (GQA, head dim {cfg.head_dim}), SwiGLU {cfg.intermediate}, "
+            f"{cfg.kv_heads} KV heads (GQA, head dim {cfg.head_dim}), {mlp}, "
             f"vocab {cfg.vocab}, {'rotary, ' if cfg.rope else ''}paged KV cache (block "
             f"{cfg.block_size}), {args.dtype}, random weights (seed {args.seed})")
 
@@ -328,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = DemoConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
                      kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab,
                      block_size=args.block_size, max_len=max_len, rope=not args.no_rope,
-                     tp=args.tp)
+                     tp=args.tp, experts=args.experts, top_k=args.top_k)
     try:
         cfg.check()
     except ValueError as err:

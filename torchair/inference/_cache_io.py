@@ -142,6 +142,37 @@ def output_spec(result: Any, outputs: Sequence[Any], inputs: Sequence[Any],
     return encode(result)
 
 
+# a tensor store's value from ``_guards.side_effects`` until :func:`tensor_stores` maps it
+TENSOR_STORE = {"stored": "tensor"}
+
+
+def tensor_stores(writes: list[list], targets: Sequence[Any], outputs: Sequence[Any] | None,
+                  inputs: Sequence[Any]) -> None:
+    """Each tensor func stored on a module attribute (``self.cos_cached = cos``: a write
+    ``[source, attr, TENSOR_STORE]``, whose object the cold frame gave as ``targets[k]``), as
+    the graph output or input it is (``{"out": k}`` / ``{"in": j}``, as the return value is
+    described), in place: a warm call sets the attribute to that output of its own graph run,
+    as Dynamo's code does after the graph."""
+    for write, target in zip(writes, targets):
+        source, attr, value = write
+        if value != TENSOR_STORE:
+            continue
+        if outputs is None:
+            raise NotCacheable("the compiled graph was not called")
+        if not isinstance(target, torch.nn.Module):
+            raise NotCacheable(f"func stores a tensor on {source}.{attr}, and {source} is a "
+                               f"{type(target).__name__}, not an nn.Module")
+        stored = getattr(target, attr, None)
+        if not isinstance(stored, torch.Tensor):
+            raise NotCacheable(f"{source}.{attr} does not hold the tensor func stored there "
+                               f"after the call")
+        try:
+            write[2] = output_spec(stored, outputs, inputs, lambda _: True)
+        except NotCacheable:
+            raise NotCacheable(f"the tensor func stores on {source}.{attr} is neither a graph "
+                               f"output nor a graph input") from None
+
+
 def _encode_dataclass(x: Any, encode: Callable[[Any], Any]) -> dict:
     cls = type(x)
     if "<locals>" in cls.__qualname__:

@@ -121,7 +121,7 @@ def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict |
         "func": func.__func__.__qualname__,
         "func_source": _sha(_source(func.__func__)),
         "config": {k: portable(v) for k, v in sorted(config.options().items())},
-        "dynamic": bool(dynamic),
+        "dynamic": None if dynamic is None else bool(dynamic),  # None: torch.compile's automatic
         "custom_decompositions": sorted([str(k), _sha(_source(v))]
                                         for k, v in (decompositions or {}).items()),
         "patterns": _patterns(),

@@ -272,9 +272,12 @@ class Runtime:
         else:
             outputs = self.unit(flat)
         self.served = True  # a call ran from the entry: later ones need no gear marks
+        outputs = graph_outputs(self.aot, outputs, inputs)
         for target, (attr, value) in zip(targets, self.writes):  # after the graph, as Dynamo
-            setattr(target, attr, value)
-        return build_output(self.output, graph_outputs(self.aot, outputs, inputs), inputs)
+            # a tensor stored on a module is a graph output or input ({"out": k} / {"in": j})
+            setattr(target, attr, build_output(value, outputs, inputs)
+                    if type(value) is dict else value)
+        return build_output(self.output, outputs, inputs)
 
 
 def _gear_marks(unit: dict, inputs: list) -> dict[int, tuple[str, dict | None]]:

@@ -17,7 +17,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+import torch
+
 from torchair.core import function_modes
+from torchair.inference._cache_io import TENSOR_STORE
 from torchair.inference._guard_eval import (ADVISORY_KINDS, Globals, GuardSet, Sources,
                                             UnsupportedGuard,
                                             describe_object, global_state, source_slot)
@@ -210,17 +213,23 @@ def _self_check(records: list[dict], frame: dict, globals_: dict) -> None:
                                f"({why}); the function changes what Dynamo guards")
 
 
+
+
 def side_effects(on_found: Callable[[str], None]) -> list[list]:
     """Python side effects Dynamo would replay after the graph on objects that existed before
-    the call. Attribute writes of constants (None, bool, int, float, str) on objects reached
-    from the frame are returned as ``[source, attribute, value]`` for the warm call to replay
-    (transformers' ``compiling = True`` flags); anything else (list appends, tensors or objects
-    stored, deletions, tensor hooks) is reported to ``on_found``: a cached graph cannot replay
-    it. Objects created during the call (a returned dict) do not count."""
+    the call, as ``[source, attribute, value]`` for a warm call to replay: attribute writes of
+    constants (None, bool, int, float, str) on objects reached from the frame (transformers'
+    ``compiling = True`` flags), and tensors stored on an ``nn.Module``'s attributes (a rope's
+    ``self.cos_cached = cos``), whose value is :data:`TENSOR_STORE` until the cold start maps the
+    stored tensor onto a graph output or input. Anything else (list appends, other values or
+    objects stored, tensors stored on other objects, deletions, tensor hooks) is reported to
+    ``on_found``: a cached graph cannot replay it. Objects created during the call (a returned
+    dict) do not count."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         from torch._dynamo.variables.base import (AttributeMutationExisting,
                                                   ValueMutationExisting)
+        from torch._dynamo.variables.tensor import TensorVariable
 
         effects = InstructionTranslator.current_tx().output.side_effects
         existing = (AttributeMutationExisting, ValueMutationExisting)
@@ -229,7 +238,7 @@ def side_effects(on_found: Callable[[str], None]) -> list[list]:
         hooks = bool(effects.tensor_hooks)
         writes, others = [], []
         for v in mutated:
-            found = _constant_writes(v, effects, AttributeMutationExisting)
+            found = _attribute_writes(v, effects, AttributeMutationExisting, TensorVariable)
             if found is None:
                 others.append(v)
             else:
@@ -249,9 +258,18 @@ def side_effects(on_found: Callable[[str], None]) -> list[list]:
 _CONSTANTS = (type(None), bool, int, float, str)
 
 
-def _constant_writes(variable: Any, effects: Any, attribute_kind: type) -> list | None:
-    """``[[source, attr, value], ...]`` when ``variable``'s only changes are attributes set to
-    constants and it has a source; None otherwise."""
+def _python_type(variable: Any) -> type | None:
+    try:
+        tp = variable.python_type()
+    except Exception:  # noqa: BLE001 - a variable that does not know its type
+        return None
+    return tp if isinstance(tp, type) else None
+
+
+def _attribute_writes(variable: Any, effects: Any, attribute_kind: type,
+                      tensor_kind: type) -> list | None:
+    """``[[source, attr, value], ...]`` when ``variable`` has a source and its only changes are
+    attributes set to constants or, on an ``nn.Module``, to tensors; None otherwise."""
     if not isinstance(variable.mutation_type, attribute_kind):
         return None
     name = getattr(getattr(variable, "source", None), "name", None)
@@ -259,14 +277,22 @@ def _constant_writes(variable: Any, effects: Any, attribute_kind: type) -> list 
     attrs = effects.store_attr_mutations.get(variable, {})
     if not isinstance(name, str) or not attrs:
         return None
+    owner = _python_type(variable)
+    module = owner is not None and issubclass(owner, torch.nn.Module)
     out = []
     for attr, value in attrs.items():
-        if not (isinstance(attr, str) and value.is_python_constant()):
+        if not isinstance(attr, str):
             return None
-        constant = value.as_python_constant()
-        if type(constant) not in _CONSTANTS:
+        if value.is_python_constant():
+            constant = value.as_python_constant()
+            if type(constant) not in _CONSTANTS:
+                return None
+            out.append([name, attr, constant])
+        elif module and isinstance(value, tensor_kind) and issubclass(
+                _python_type(value) or object, torch.Tensor):
+            out.append([name, attr, dict(TENSOR_STORE)])
+        else:
             return None
-        out.append([name, attr, constant])
     return out
 
 

@@ -13,7 +13,9 @@ call that fails a check is compiled with Dynamo (warning once, naming the guard)
 cached graph. What ``arguments`` does not see after the first call (module attributes and globals
 changed by plain assignment, submodules reordered in their container) is listed in the README. A guard that cannot be checked in another process makes the function uncacheable
 (compiled as usual, with a warning naming that guard). Calls run under ``torch.no_grad()``, as in
-TorchAir.
+TorchAir. What Dynamo's code does after the graph is done again after each call when it can be:
+constants set on existing objects, and tensors stored on modules' attributes (set to the call's
+own graph outputs or inputs); other Python side effects make the function uncacheable.
 
 With ``ge_cache=True`` the build is cached too: a static launch unit is compiled ahead of time
 (AOTInductor) into a shared library that the entry keeps, and a warm start runs it through
@@ -43,7 +45,8 @@ from torchair.core.utils import logger
 from torchair.inference import _cache_key as keys
 from torchair.inference import _cache_store as store
 from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_from_json,
-                                          info_to_json, output_spec, program_to_graph)
+                                          info_to_json, output_spec, program_to_graph,
+                                          tensor_stores)
 from torchair.inference._cache_runtime import Runtime
 from torchair.inference._graph_io import UnserializableGraph, graph_code, graph_to_json
 from torchair.inference._guard_eval import GuardSet, UnsupportedGuard
@@ -60,7 +63,7 @@ _RNG_MESSAGE = "Cache compile dose not support operator that depend on RNG, inpu
 
 
 def cache_compile(func: Callable, *, config: CompilerConfig | None = None,
-                  backend: Any = None, dynamic: bool = True, cache_dir: str | None = None,
+                  backend: Any = None, dynamic: bool | None = True, cache_dir: str | None = None,
                   global_rank: int | None = None, tp_rank: int | None = None,
                   pp_rank: int | None = None, custom_decompositions: dict | None = None,
                   ge_cache: bool = False, **kwargs: Any) -> Callable:
@@ -69,19 +72,45 @@ def cache_compile(func: Callable, *, config: CompilerConfig | None = None,
     Entries live in ``{cache_dir or $TORCHAIR_CACHE_HOME or ./.torchair_cache}/
     {ModuleClass}_{dynamic|static}_{hash}/[world{W}global_rank{r}][_tp_rank{t}][_pp_rank{p}]/
     {func name}/``. ``backend`` (from ``torchair.get_npu_backend``) supplies the config when
-    ``config`` is not given; both given must agree (TorchAir's ``ValueError``). ``ge_cache=True``
-    also caches the engine's build (an ahead-of-time library). Extra keyword arguments go to
-    ``torch.compile``. Inference only (calls run under ``torch.no_grad()``); ``func`` must form
-    one graph.
+    ``config`` is not given; both given must agree (TorchAir's ``ValueError``). ``dynamic`` goes
+    to ``torch.compile`` and into the key (``False``: static shapes; a call with another shape
+    fails a guard and is compiled again, never served from the entry). ``ge_cache=True`` also
+    caches the engine's build (an ahead-of-time library). ``fullgraph`` is accepted as TorchAir
+    accepts it: ``func`` is always compiled as one graph (``fullgraph=False`` is noted in the log
+    and changes nothing); any other keyword raises ``TypeError``. Inference only (calls run
+    under ``torch.no_grad()``).
     """
     _check_func(func)
     config = _config_of(config, backend)
-    if "fullgraph" in kwargs:
-        raise TypeError("cache_compile: fullgraph is set by cache_compile (fullgraph=True); "
-                        "remove it")
+    _check_keywords(func, dynamic, kwargs)
     return CachedFunction(func, config.copy(), dynamic, cache_dir,
                           keys.rank_dir(global_rank, tp_rank, pp_rank), custom_decompositions,
-                          ge_cache, kwargs)
+                          ge_cache)
+
+
+_ACCEPTED = ("config", "backend", "dynamic", "cache_dir", "global_rank", "tp_rank", "pp_rank",
+             "custom_decompositions", "ge_cache", "fullgraph")
+
+
+def _check_keywords(func: Callable, dynamic: Any, kwargs: dict) -> None:
+    """TorchAir's extra keywords: ``fullgraph`` (implied: cache_compile always compiles one
+    graph, as TorchAir's does); anything else is refused rather than silently dropped."""
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise TypeError(f"cache_compile: dynamic must be True, False or None (as for "
+                        f"torch.compile), got {dynamic!r}")
+    unknown = sorted(set(kwargs) - {"fullgraph"})
+    if unknown:
+        raise TypeError(f"cache_compile: unexpected keyword argument {unknown[0]!r} "
+                        f"(={kwargs[unknown[0]]!r}); cache_compile accepts "
+                        f"{', '.join(_ACCEPTED)}; pass other torch.compile options through "
+                        f"config, or use torch.compile for them")
+    fullgraph = kwargs.get("fullgraph", True)
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"cache_compile: fullgraph must be True or False, got {fullgraph!r}")
+    if not fullgraph:
+        logger.info("cache_compile(%s): fullgraph=False is ignored, as in TorchAir: func is "
+                    "compiled as one graph (a graph break raises ValueError)",
+                    getattr(func, "__qualname__", func))
 
 
 def _config_of(config: Any, backend: Any) -> CompilerConfig:
@@ -175,10 +204,10 @@ class CachedFunction:
 
     def __init__(self, func: Callable, config: CompilerConfig, dynamic: bool,
                  cache_dir: str | None, ranks: str, decompositions: dict | None,
-                 ge_cache: bool, compile_kwargs: dict) -> None:
+                 ge_cache: bool) -> None:
         self.func, self.config, self.dynamic = func, config, dynamic
         self.cache_dir, self.ranks, self.decompositions = cache_dir, ranks, decompositions
-        self.ge_cache, self.compile_kwargs = ge_cache, compile_kwargs
+        self.ge_cache = ge_cache
         self.name = f"{type(func.__self__).__name__}.{func.__func__.__name__}"
         self.frame = _Frame(func)
         self.entry: Any = None  # the entry directory, known at the first call (None: no cache)
@@ -234,7 +263,7 @@ class CachedFunction:
             # floats stay inputs: the per-call checks read arguments, not attributes
             backend = npu_backend(self.config, self.decompositions, specialize_floats=False)
             self.compiled = torch.compile(self.func, backend=backend, dynamic=self.dynamic,
-                                          fullgraph=True, **self.compile_kwargs)
+                                          fullgraph=True)
         return self.compiled
 
     def _first_call(self, args: tuple, kwargs: dict) -> Any:
@@ -317,7 +346,7 @@ class CachedFunction:
         before = {id(e.code) for e in _guards.entries(code)}
         backend = _recording_backend(self, state)
         self.compiled = torch.compile(self.func, backend=backend, dynamic=self.dynamic,
-                                      fullgraph=True, **self.compile_kwargs)
+                                      fullgraph=True)
         with self._build_dir(entry) as build, _releasing(state):
             try:
                 with recorder.recording() as records, _ahead_of_time(build, state):
@@ -350,10 +379,13 @@ class CachedFunction:
                                    f"and tries to save again")
             frame = self.frame(args, kwargs)
             guards = _guards.harvest(_guards.new_entry(code, before), frame, self.frame.globals)
-            why, _ = GuardSet([], [w[0] for w in state.writes]).check(frame, self.frame.globals)
+            why, targets = GuardSet([], [w[0] for w in state.writes]).check(
+                frame, self.frame.globals)
             if why:
                 raise NotCacheable(f"an object whose attribute func sets cannot be found again "
                                    f"({why})")
+            if state.writes:
+                tensor_stores(state.writes, targets, state.aot_outputs, state.flat_inputs)
             files = self._payload(state, parts, guards, result)
             files.update(_library_files(state.records[0]))
             self._serve_from(files["meta.json"], state.records[0])
@@ -631,7 +663,8 @@ class _ColdState:
         # released): later calls through the compiled function keep nothing
         self.captured = False
         self.not_cacheable = ""
-        self.writes: list[list] = []  # attribute writes of constants the warm call replays
+        # attribute writes a warm call replays: constants, and tensors stored on modules
+        self.writes: list[list] = []
 
 
 @contextlib.contextmanager
@@ -768,7 +801,9 @@ def readable_cache(cache_bin: str | os.PathLike, print_output: bool = True,
         lines.append(f"    {g['kind']}: {text}" + (f"  [advisory: {g['advisory']}]"
                                                     if g.get("advisory") else ""))
     for source, attr, value in meta.get("writes", []):
-        lines.append(f"    after each call: {source}.{attr} = {value!r}  (as Dynamo replays it)")
+        value = (f"graph output {value['out']}" if isinstance(value, dict) and "out" in value
+                 else f"graph input {value['in']}" if isinstance(value, dict) else repr(value))
+        lines.append(f"    after each call: {source}.{attr} = {value}  (as Dynamo replays it)")
     lines.append("  graph inputs (Dynamo source -> IR Data):")
     for source, info in zip(meta["sources"], meta["inputs"]):
         lines.append(f"    {source}  ->  {info['kind']} {info['dtype']}{list(info['shape'])}"

@@ -11,7 +11,9 @@ Order (each pass one file):
    nothing here runs differently) and are erased; after ``pattern_fusion`` like the next pass.
 5. ``super_kernel_scope`` - ``torchair.scope.super_kernel`` markers become node attributes and are
    erased; after ``pattern_fusion`` so fused ops get the attributes of the scope they sit in.
-6. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
+6. ``stream_scope`` - ``torchair.scope.npu_stream_switch`` / ``npu_wait_tensor`` markers become
+   node attributes (stream label, priority, waits) and are erased; reported apart from 5.
+7. ``reinplace_inputs`` - last: write input mutations (KV-cache updates) in place again instead
    of copying whole inputs; it must see the final graph, so later passes go before it.
 Later passes (pattern fusion, scopes) are inserted before ``reinplace_inputs``, here only.
 """
@@ -25,6 +27,7 @@ from torchair.passes.lower_prims import LowerPrimsPass
 from torchair.passes.pattern_fusion import PatternFusionPass
 from torchair.passes.reinplace_inputs import ReinplaceInputsPass
 from torchair.passes.remove_noops import RemoveNoOpsPass
+from torchair.passes.stream_scope import StreamScopePass
 from torchair.passes.super_kernel_scope import SuperKernelScopePass
 from torchair.scope._ascend_only import AscendScopePass
 
@@ -36,7 +39,8 @@ def default_passes(config) -> list[GraphPass]:
         passes.append(RemoveNoOpsPass())
     if config.get("experimental_config.pattern_fusion_pass"):
         passes.append(PatternFusionPass())
-    passes += [AscendScopePass(), SuperKernelScopePass(), ReinplaceInputsPass()]
+    passes += [AscendScopePass(), SuperKernelScopePass(), StreamScopePass(),
+               ReinplaceInputsPass()]
     return passes
 
 
@@ -54,4 +58,4 @@ def run_passes(gm: fx.GraphModule, passes: list[GraphPass]) -> dict[str, int]:
 
 
 __all__ = ["AscendScopePass", "GraphPass", "LowerPrimsPass", "PatternFusionPass", "ReinplaceInputsPass", "RemoveNoOpsPass",
-           "SuperKernelScopePass", "default_passes", "run_passes"]
+           "StreamScopePass", "SuperKernelScopePass", "default_passes", "run_passes"]

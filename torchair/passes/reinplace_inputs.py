@@ -4,8 +4,9 @@ AOT functionalizes ``cache.index_copy_(1, pos, k)`` into ``new = index_copy(cach
 plus a final ``copy_(cache, new)``: run op by op that copies the whole cache twice per step. This
 pass turns such a chain back into in-place ops on the input and drops the final ``copy_``, when
 that is invisible: every other reader of the input runs before the first write, and no view of it
-outlives that point. Supported links: any ATen op with an in-place twin (``index_copy`` ->
-``index_copy_``, ``index_put`` -> ``index_put_``, ``mul`` -> ``mul_`` ...) and ``slice_scatter`` /
+outlives that point. Supported links: any ATen or ``npu`` op with an in-place twin of the same
+arguments (``index_copy`` -> ``index_copy_``, ``index_put`` -> ``index_put_``, ``mul`` -> ``mul_``,
+``npu.scatter_update`` -> ``npu.scatter_update_`` ...) and ``slice_scatter`` /
 ``select_scatter`` (-> ``copy_`` into a ``slice`` / ``select`` view). Anything else stays
 functional.
 """
@@ -26,7 +27,9 @@ _SCATTER_VIEWS = {aten.slice_scatter.default: aten.slice.Tensor,
 def _inplace_twin(target) -> torch._ops.OpOverload | None:
     if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
         return None
-    packet = getattr(aten, target.__name__.split(".")[0] + "_", None)
+    # ATen's twins, and those of the op library (npu.scatter_update -> npu.scatter_update_)
+    namespace = getattr(torch.ops, target.namespace, None)
+    packet = getattr(namespace, target.__name__.split(".")[0] + "_", None)
     twin = getattr(packet, target._overloadname, None) if packet is not None else None
     if twin is None:
         return None

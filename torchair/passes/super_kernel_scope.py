@@ -11,11 +11,8 @@ Markers must pair up like brackets. An end without a begin, a begin without an e
 scopes mean a custom pass moved or removed a marker or the region was not traced as one graph;
 that is a ``ValueError`` naming the scope.
 
-The stream markers of ``npu_stream_switch`` / ``npu_wait_tensor`` are handled the same way, with
-their own bracket stack: ops inside a stream region get ``node.meta["_user_stream_label"]`` and
-``["_user_stream_priority"]`` (innermost region wins), and each later consumer of ``t`` in
-``npu_wait_tensor(t, dep)`` gets ``dep`` in ``node.meta["_stream_waits"]``. A tag used with two
-priorities is a ``ValueError``.
+The stream markers of ``npu_stream_switch`` / ``npu_wait_tensor`` are left to the next pass,
+:class:`torchair.passes.stream_scope.StreamScopePass` (each pass reports its own count).
 """
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ import torch.fx as fx
 from torchair.core.utils import logger
 from torchair.passes._base import GraphPass
 from torchair.plan.ir import OPTIONS_KEY, SCOPE_KEY
-from torchair.scope._markers import (BEGIN, PRIORITY_KEY, STREAM_BEGIN, STREAM_KEY, WAIT,
-                                     WAITS_KEY, is_marker, is_stream_marker)
+from torchair.scope._markers import BEGIN, is_marker, is_stream_marker
 from torchair.scope._options import check_options
 
 _WHY = ("a custom pass moved or removed a marker, or the region was split across graphs by a "
@@ -47,9 +43,6 @@ def _marker_options(node: fx.Node, scope: str | None) -> str:
     return options
 
 
-_STREAM_WHY = _WHY.replace("torchair.scope.super_kernel", "torchair.scope.npu_stream_switch")
-
-
 class SuperKernelScopePass(GraphPass):
     name = "super_kernel_scope"
 
@@ -58,67 +51,23 @@ class SuperKernelScopePass(GraphPass):
 
     def __call__(self, gm: fx.GraphModule) -> int:
         self.scopes = {}
-        markers = [n for n in gm.graph.nodes if n.op == "call_function"
-                   and (is_marker(n.target) or is_stream_marker(n.target))]
+        markers = [n for n in gm.graph.nodes if n.op == "call_function" and is_marker(n.target)]
         if not markers:
             return 0
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
         stack: list[tuple[str | None, str, fx.Node]] = []  # (scope, options, begin node)
-        streams: list[tuple[str, int, fx.Node]] = []  # (tag, priority, begin node)
-        priorities: dict[str, tuple[int, fx.Node]] = {}
         for node in gm.graph.nodes:
             if node.op == "call_function" and is_marker(node.target):
                 self._marker(node, stack)
-            elif node.op == "call_function" and is_stream_marker(node.target):
-                self._stream_marker(node, streams, priorities, order)
-            elif node.op in ("call_function", "call_method", "call_module"):
-                if stack:
-                    self._annotate(node, *stack[-1][:2])
-                if streams:
-                    node.meta[STREAM_KEY], node.meta[PRIORITY_KEY] = streams[-1][:2]
+            elif stack and node.op in ("call_function", "call_method", "call_module") \
+                    and not (node.op == "call_function" and is_stream_marker(node.target)):
+                self._annotate(node, *stack[-1][:2])
         if stack:
             scope, _, begin = stack[-1]
             raise ValueError(f"super_kernel scope {scope!r} is unpaired: its begin marker "
                              f"({begin.name}) has no end marker in this graph; {_WHY}")
-        if streams:
-            tag, _, begin = streams[-1]
-            raise ValueError(f"npu_stream_switch {tag!r} is unpaired: its begin marker "
-                             f"({begin.name}) has no end marker in this graph; {_STREAM_WHY}")
         for node in markers:
             gm.graph.erase_node(node)
         return len(markers)
-
-    def _stream_marker(self, node: fx.Node, streams: list, priorities: dict,
-                       order: dict[fx.Node, int]) -> None:
-        args = list(node.args) + [node.kwargs[k] for k in ("tag", "priority", "t", "dep")
-                                  if k in node.kwargs]
-        if node.target in (WAIT, WAIT.overloadpacket):
-            t, dep = args[:2]
-            for user in t.users:
-                if order[user] > order[node] and not (user.op == "call_function" and (
-                        is_marker(user.target) or is_stream_marker(user.target))):
-                    user.meta.setdefault(WAITS_KEY, []).append(dep)
-            return
-        tag = args[0]
-        if node.target in (STREAM_BEGIN, STREAM_BEGIN.overloadpacket):
-            priority = args[1] if len(args) > 1 else 0
-            first = priorities.setdefault(tag, (priority, node))
-            if first[0] != priority:
-                raise ValueError(f"npu_stream_switch {tag!r} is used with priority {first[0]} "
-                                 f"({first[1].name}) and priority {priority} ({node.name}); a tag "
-                                 f"names one stream with one priority: use one priority per tag")
-            streams.append((tag, priority, node))
-            return
-        if not streams:
-            raise ValueError(f"npu_stream_switch {tag!r} is unpaired: its end marker "
-                             f"({node.name}) has no begin marker before it in this graph; "
-                             f"{_STREAM_WHY}")
-        if streams[-1][0] != tag:
-            raise ValueError(f"npu_stream_switch {tag!r} is unpaired: its end marker "
-                             f"({node.name}) closes while {streams[-1][0]!r} (begun at "
-                             f"{streams[-1][2].name}) is still open; regions must nest; "
-                             f"{_STREAM_WHY}")
-        streams.pop()
 
     def _marker(self, node: fx.Node, stack: list) -> None:
         scope = _marker_scope(node)

@@ -227,11 +227,14 @@ class StaticUnit:
         with _disable_current_modes():
             if directory is None:
                 # Inductor's C++ wrapper cannot call c10d's functional collectives (their
-                # group arguments); such graphs go straight to its Python wrapper
+                # group arguments) nor Python ops returning Tensor[]; such graphs go straight
+                # to its Python wrapper
                 from torchair.plan.collectives import collective_nodes
+                from torchair.runtime.cpp_wrapper_limits import tensor_list_custom_ops
 
                 cpp = (self.capture is None and _device_of(unit_args).type == "cpu"
-                       and _engines.cpp_wrapper_enabled() and not collective_nodes(gm))
+                       and _engines.cpp_wrapper_enabled() and not collective_nodes(gm)
+                       and not tensor_list_custom_ops(gm))
                 engine, self.engine_name = inductor_engine(gm, unit_args, what, cpp_wrapper=cpp)
             else:
                 engine, self.engine_name, self.files = _engines.aot_engine(

@@ -24,9 +24,10 @@ SPARSE_MODES = (0, 1, 2, 3, 4)
 ANTIQUANT_MODES = (0, 1)  # 0 per-channel, 1 per-token
 INT_MAX = 2147483647
 # Arguments of the schema that torchair does not implement (anything but None is refused).
-NOT_IMPLEMENTED = ("query_padding_size", "key_shared_prefix", "value_shared_prefix",
-                   "actual_shared_prefix_len", "query_rope", "key_rope",
-                   "key_rope_antiquant_scale", "dequant_scale1", "quant_scale1", "dequant_scale2")
+NOT_IMPLEMENTED = ("query_padding_size", "query_rope", "key_rope", "key_rope_antiquant_scale",
+                   "dequant_scale1", "quant_scale1", "dequant_scale2")
+# The shared KV prefix: resolved into an ordinary call first (fia_prefix.resolve_shared_prefix).
+_PREFIX_ARGS = ("key_shared_prefix", "value_shared_prefix", "actual_shared_prefix_len")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +84,10 @@ def _err(msg: str) -> ValueError:
 
 
 def _check_not_implemented(args: dict) -> None:
+    for name in _PREFIX_ARGS:
+        if args.get(name) is not None:  # never ignored: the caller resolves the prefix first
+            raise RuntimeError(f"{OP}: {name} reached the checks of a call without a shared "
+                               f"prefix; resolve it with fia_prefix.resolve_shared_prefix first")
     for name in NOT_IMPLEMENTED:
         if args.get(name) is not None:
             raise NotImplementedError(f"{OP}: {name} is not implemented by torchair; pass "

@@ -39,17 +39,22 @@ atten_mask shapes (bool/int8/uint8, 1 = masked out): ``[B, S_kv]`` (incremental,
 ``[S_q, S_kv]`` (prompt, S_q > 1) for 2-D; ``[B, S_q, S_kv]``; ``[B, N, S_q, S_kv]``; each
 dimension but the last may be 1. Layouts BSH, BNSD, BSND. Softmax in float32.
 
-Not implemented (``NotImplementedError`` naming the argument): query_padding_size,
-key_shared_prefix, value_shared_prefix, actual_shared_prefix_len, query_rope, key_rope,
-key_rope_antiquant_scale, and the int8-query scenario (dequant_scale1, quant_scale1,
+Shared KV prefix (``key_shared_prefix``/``value_shared_prefix`` ``[1, ...]`` in the layout,
+``actual_shared_prefix_len``): every batch's KV is the prefix's first P positions followed by its
+own KV, the masks, pse and sparse rules indexing that sequence (:mod:`.fia_prefix`).
+
+Not implemented (``NotImplementedError`` naming the argument): query_padding_size, query_rope,
+key_rope, key_rope_antiquant_scale, and the int8-query scenario (dequant_scale1, quant_scale1,
 dequant_scale2); antiquant modes other than 0/1. ``inner_precise`` 0-3 changes nothing.
 
-The op is value-dependent on ``actual_seq_lengths`` and ``actual_seq_lengths_kv``; its tensor twin
-``npu_fused_infer_attention_score_tensor`` takes both as 1-D int64 device tensors and then reads
-nothing on the host. Incremental calls (S_q == 1) without pse_shift, without a per-head mask,
-with per-channel antiquant and softmax_lse_flag=False go to the device's fast decode kernel
-(:func:`torchair.ops.attention.decode.decode_attention`, via IFA's decode path); the rest runs the
-dense reference.
+The op is value-dependent on ``actual_seq_lengths``, ``actual_seq_lengths_kv`` and
+``actual_shared_prefix_len``; its tensor twin ``npu_fused_infer_attention_score_tensor`` takes
+them as 1-D int64 device tensors and then reads nothing on the host (TorchAir's graph-mode
+``torchair.ops.npu_fused_infer_attention_score`` calls it: :mod:`.fia_graph`). Incremental calls
+(S_q == 1) without pse_shift, without a per-head mask, with per-channel antiquant and
+softmax_lse_flag=False go to the device's fast decode kernel
+(:func:`torchair.ops.attention.decode.decode_attention`, via IFA's decode path; a shared prefix
+is resolved first, so it reaches that kernel as ordinary KV); the rest runs the dense reference.
 """
 from __future__ import annotations
 
@@ -59,6 +64,7 @@ import torch
 
 from torchair.ops.attention import common as _common
 from torchair.ops.attention import ifa_compute as _compute
+from torchair.ops.attention.fia_prefix import resolve_shared_prefix
 from torchair.ops.attention.fia_checks import INT_MAX, OP, FiaPlan, KvQuant, _as_fia, validate
 from torchair.ops._registry import define_op, register_value_dependent
 
@@ -86,6 +92,7 @@ _TWIN_SCHEMA = (
     _SCHEMA.replace(f"{OP}(", f"{OP}_tensor(", 1)
     .replace("SymInt[]? actual_seq_lengths=", "Tensor? actual_seq_lengths=", 1)
     .replace("SymInt[]? actual_seq_lengths_kv=", "Tensor? actual_seq_lengths_kv=", 1)
+    .replace("SymInt[]? actual_shared_prefix_len=", "Tensor? actual_shared_prefix_len=", 1)
 )
 _DEFAULTS = dict(
     pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None,
@@ -250,6 +257,7 @@ def _empty_lse(query: torch.Tensor) -> torch.Tensor:
 
 
 def _run(a: dict, *, fast: bool):
+    a = resolve_shared_prefix(a)  # a call with a shared prefix as the same call without one
     plan = validate(a)
     want_lse = bool(a["softmax_lse_flag"])
     with _as_fia():  # block ids are checked by IFA's compute helpers: errors under this op's name
@@ -298,5 +306,6 @@ def _fake(query, key, value, **kwargs):
 npu_fused_infer_attention_score = define_op(_SCHEMA, fake=_fake, kernel=_eager)
 npu_fused_infer_attention_score_tensor = define_op(_TWIN_SCHEMA, fake=_fake, kernel=_eager)
 register_value_dependent(npu_fused_infer_attention_score.default,
-                         ["actual_seq_lengths", "actual_seq_lengths_kv"],
+                         ["actual_seq_lengths", "actual_seq_lengths_kv",
+                          "actual_shared_prefix_len"],
                          npu_fused_infer_attention_score_tensor.default)
