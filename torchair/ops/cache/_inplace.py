@@ -2,7 +2,8 @@
 
 An in-place op of the ``npu`` namespace that returns its aliased input cannot go through PyTorch's
 ``auto_functionalize`` (that only takes ops whose outputs alias nothing). So, as for ATen's
-in-place ops, each in-place op here gets a *Functionalize* kernel: under ``torch.compile`` (AOT's
+in-place ops, each in-place op here gets a *Functionalize* kernel
+(:func:`torchair.ops._functionalize.install_functionalization`): under ``torch.compile`` (AOT's
 functionalization) ``op_(x, ...)`` is traced as ``y = op(x, ...)`` and ``x`` is replaced by ``y``;
 AOT then ends the graph with ``copy_(x, y)`` when ``x`` is a graph input. torchair's
 ``reinplace_inputs`` pass turns ``op`` + ``copy_`` back into ``op_`` on the input (a KV cache
@@ -18,36 +19,10 @@ from typing import Callable
 
 import torch
 
-from torchair.ops._registry import NAMESPACE, define_op, defined_here
+from torchair.ops._functionalize import install_functionalization
+from torchair.ops._registry import define_op
 
 __all__ = ["define_inplace_pair"]
-
-_lib = torch.library.Library(NAMESPACE, "FRAGMENT")  # only the Functionalize kernels below
-_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
-
-
-def _unwrap(x):
-    if isinstance(x, torch.Tensor) and torch._is_functional_tensor(x):
-        torch._sync(x)
-        return torch._from_functional_tensor(x)
-    return x
-
-
-def _functionalize_kernel(functional: torch._ops.OpOverload) -> Callable:
-    """The Functionalize kernel of ``op_``: ``self`` takes the value of ``op(self, ...)``."""
-
-    def kernel(self, *args, **kwargs):
-        inner = [_unwrap(a) for a in args]
-        inner_kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
-        with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
-            out = functional(_unwrap(self), *inner, **inner_kwargs)
-        torch._functionalize_replace(self, out)
-        torch._functionalize_commit_update(self)
-        torch._functionalize_sync(self)
-        return self
-
-    return kernel
-
 
 _PENDING: list[tuple[torch._ops.OpOverload, torch._ops.OpOverload]] = []
 _INDUCTOR_REINPLACE = "torch._inductor.fx_passes.reinplace"
@@ -97,7 +72,6 @@ def define_inplace_pair(functional_schema: str, *, fake: Callable, kernel: Calla
 
     functional = define_op(functional_schema, fake=functional_fake, kernel=kernel)
     inplace = define_op(inplace_schema, fake=inplace_fake, kernel=inplace_eager)
-    if defined_here(name + "_"):
-        _lib.impl(name + "_", _functionalize_kernel(functional.default), "Functionalize")
+    install_functionalization(name + "_", functional.default, mutated=(0,))
     _PENDING.append((functional.default, inplace.default))
     return functional, inplace
