@@ -141,6 +141,8 @@ def test_format_cast_is_the_identity(torch_npu):
     assert torch_npu.npu_format_cast(t, 29) is t  # FRACTAL_NZ does not exist off Ascend
     assert torch_npu.npu_format_cast(t, 2) is t
     assert torch_npu.get_npu_format(t) == 2
+    assert torch_npu.npu_format_cast_(t, 29) is t  # vllm-ascend casts MoE weights in place
+    assert torch_npu.npu_format_cast_(t, torch.ones(1)) is t and torch_npu.get_npu_format(t) == 2
     for bad in ("29", 29.0, True, None):
         with pytest.raises(TypeError, match="acl_format must be an int"):
             torch_npu.npu_format_cast(t, bad)

@@ -16,7 +16,8 @@ import torchair
 from torchair.compat._errors import module_getattr
 from torchair.ops import TORCH_NPU_OPS  # torch_npu.<name> is torch.ops.npu.<name> for each
 
-__all__ = ["TORCH_NPU_OPS", "get_npu_format", "make_torch_npu", "npu_format_cast"]
+__all__ = ["TORCH_NPU_OPS", "get_npu_format", "make_torch_npu", "npu_format_cast",
+           "npu_format_cast_"]
 
 _FORMAT_ND = 2  # ACL_FORMAT_ND: the only layout that exists off Ascend
 
@@ -36,6 +37,14 @@ def npu_format_cast(tensor: torch.Tensor, acl_format: int) -> torch.Tensor:
     return tensor
 
 
+def npu_format_cast_(tensor: torch.Tensor, acl_format: int | torch.Tensor) -> torch.Tensor:
+    """The in-place form (``npu_format_cast_(weight, 29)``, or a tensor whose format to take):
+    ``tensor`` unchanged and returned, as :func:`npu_format_cast`."""
+    if isinstance(acl_format, torch.Tensor):
+        acl_format = _FORMAT_ND  # another tensor's format: always ND here
+    return npu_format_cast(tensor, acl_format)
+
+
 def get_npu_format(tensor: torch.Tensor) -> int:
     """The ACL format id of ``tensor``: always ND (2), see :func:`npu_format_cast`."""
     if not isinstance(tensor, torch.Tensor):
@@ -53,6 +62,7 @@ def make_torch_npu(npu_namespace: types.ModuleType) -> types.ModuleType:
     for name in TORCH_NPU_OPS:
         setattr(mod, name, getattr(torch.ops.npu, name))
     mod.npu_format_cast = npu_format_cast
+    mod.npu_format_cast_ = npu_format_cast_
     mod.get_npu_format = get_npu_format
     mod.__getattr__ = module_getattr("torch_npu")
     return mod
