@@ -39,9 +39,11 @@ from torchair.ops.attention import prompt_flash_attention as _pfa  # noqa: F401 
 from torchair.ops.cache import scatter_update as _scatter_update  # noqa: F401 (registers)
 from torchair.ops.cache import scatter_nd_update as _scatter_nd_update  # noqa: F401 (registers)
 from torchair.ops.moe import gating as _moe_gating, routing as _moe_routing  # noqa: F401 (registers)
+from torchair.ops.moe import gating_softmax as _moe_gating_softmax  # noqa: F401 (registers)
 from torchair.ops.moe import grouped_matmul as _grouped_matmul  # noqa: F401 (registers)
 from torchair.ops.rope import rotary as _rotary  # noqa: F401 (registers)
 from torchair.ops.rope import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache  # noqa: F401 (registers)
+from torchair.ops.rope import interleave_rope as _interleave_rope  # noqa: F401 (registers)
 from torchair.ops.activation import swiglu as _swiglu  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
@@ -57,9 +59,10 @@ _QUANT_OPS = ("npu_dynamic_quant", "npu_add_rms_norm_dynamic_quant", "npu_quant_
               "npu_dequant_swiglu_quant")
 _CACHE_OPS = ("scatter_update", "scatter_update_", "npu_scatter_nd_update",
                "npu_scatter_nd_update_")
-_MOE_OPS = ("npu_moe_gating_top_k", "npu_moe_init_routing", "npu_moe_compute_expert_tokens",
-            "npu_moe_finalize_routing", "npu_grouped_matmul")
-_ROPE_OPS = ("npu_apply_rotary_pos_emb", "npu_rotary_mul", "npu_kv_rmsnorm_rope_cache")
+_MOE_OPS = ("npu_moe_gating_top_k", "npu_moe_gating_top_k_softmax", "npu_moe_init_routing",
+            "npu_moe_compute_expert_tokens", "npu_moe_finalize_routing", "npu_grouped_matmul")
+_ROPE_OPS = ("npu_apply_rotary_pos_emb", "npu_rotary_mul", "npu_kv_rmsnorm_rope_cache",
+             "npu_interleave_rope")
 _ACTIVATION_OPS = ("npu_swiglu",)
 TORCH_NPU_OPS = (_ATTENTION_OPS + _NORM_OPS + _QUANT_OPS + _ROPE_OPS + _ACTIVATION_OPS + _CACHE_OPS
                  + _MOE_OPS)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FLOAT_DTYPES", "MODES", "check_float", "check_rope_table", "groups",
-           "rope_reference", "rotate"]
+__all__ = ["FLOAT_DTYPES", "MODES", "check_float", "check_rope_table", "deinterleave", "groups",
+           "interleaved_rope_reference", "rope_reference", "rotate"]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MODES = ("half", "quarter", "interleave")
@@ -87,3 +87,24 @@ def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     """
     xf = x.float()
     return (xf * cos.float() + rotate(xf, mode) * sin.float()).to(x.dtype)
+
+
+def deinterleave(r: torch.Tensor) -> torch.Tensor:
+    """``cat(r[..., 0::2], r[..., 1::2])``: the even elements of the last dim, then the odd ones
+    (a new contiguous tensor)."""
+    return torch.cat((r[..., 0::2], r[..., 1::2]), dim=-1)
+
+
+def interleaved_rope_reference(r: torch.Tensor, cos: torch.Tensor,
+                               sin: torch.Tensor) -> torch.Tensor:
+    """The oracle of DeepSeek MLA's rope (``npu_interleave_rope``, the rope part of
+    ``npu_kv_rmsnorm_rope_cache``): an interleaved RoPE whose output is stored de-interleaved::
+
+        p1 = cat(r[..., 0::2], r[..., 1::2])
+        p2 = cat(-r[..., 1::2], r[..., 0::2])
+        y  = round_to(r.dtype)(p1 * cos + p2 * sin)        in float32
+
+    i.e. ``rope_reference(deinterleave(r), cos, sin, "half")``: ``y[:D/2] + i * y[D/2:] =
+    (r_even + i * r_odd) * e^(i theta)`` for ``cos = cat(cos theta, cos theta)``.
+    """
+    return rope_reference(deinterleave(r), cos, sin, "half")

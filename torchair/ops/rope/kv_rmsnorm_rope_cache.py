@@ -42,8 +42,8 @@ import torch
 
 from torchair.ops._registry import define_op
 from torchair.ops._functionalize import install_functionalization
-from torchair.ops.rope.common import check_float, check_rope_table, rope_reference
-from torchair.ops.rope.rotary import rotate_into
+from torchair.ops.rope.common import check_float, check_rope_table, interleaved_rope_reference
+from torchair.ops.rope.rotary import interleaved_rope_into
 
 __all__ = ["CACHE_MODES", "check_kv_rmsnorm_rope_cache", "kv_rmsnorm_rope_cache_reference",
            "npu_kv_rmsnorm_rope_cache", "npu_kv_rmsnorm_rope_cache_functional"]
@@ -136,11 +136,6 @@ def _shape_only(kv, dk):
 
 # ---------------------------------------------------------------- math ---------------------------
 
-def _deinterleave(r: torch.Tensor) -> torch.Tensor:
-    """``cat(r[..., 0::2], r[..., 1::2])``."""
-    return torch.cat((r[..., 0::2], r[..., 1::2]), dim=-1)
-
-
 def _rms_norm(x: torch.Tensor, gamma: torch.Tensor, epsilon: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + epsilon) * gamma.float()
@@ -168,7 +163,7 @@ def kv_rmsnorm_rope_cache_reference(kv, gamma, cos, sin, index, k_cache, ckv_cac
     dv, dk = check_kv_rmsnorm_rope_cache(kv, gamma, cos, sin, index, k_cache, ckv_cache,
                                          cache_mode=cache_mode)
     c_kv = _rms_norm(kv[..., :dv], gamma, epsilon)
-    k_rope = rope_reference(_deinterleave(kv[..., dv:]), cos, sin, "half")
+    k_rope = interleaved_rope_reference(kv[..., dv:], cos, sin)
     return (_write_reference(k_cache, index, k_rope, cache_mode),
             _write_reference(ckv_cache, index, c_kv, cache_mode), k_rope, c_kv)
 
@@ -203,8 +198,7 @@ def _scatter(cache, index, values, cache_mode) -> None:
 
 def _compute(kv, gamma, cos, sin, epsilon, dv, dk):
     c_kv = _rms_norm(kv[..., :dv], gamma, epsilon)
-    r = _deinterleave(kv[..., dv:])
-    return rotate_into(r, cos, sin, "half", r), c_kv
+    return interleaved_rope_into(kv[..., dv:], cos, sin), c_kv
 
 
 def _eager(kv, gamma, cos, sin, index, k_cache, ckv_cache, *, k_rope_scale=None, c_kv_scale=None,

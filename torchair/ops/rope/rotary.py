@@ -33,11 +33,12 @@ import torch
 from torchair.ops._registry import define_op
 from torchair.ops.rope import cpu as _rope_cpu, triton as _rope_triton
 from torchair.ops._functionalize import install_functionalization
-from torchair.ops.rope.common import (check_float, check_mode, check_rope_table, rope_reference)
+from torchair.ops.rope.common import (check_float, check_mode, check_rope_table, deinterleave,
+                                      rope_reference)
 
 __all__ = ["LAYOUTS", "apply_rotary_pos_emb_reference", "check_apply_rotary_pos_emb",
            "device_kernel", "npu_apply_rotary_pos_emb", "npu_apply_rotary_pos_emb_functional",
-           "npu_rotary_mul", "rotary_mul_reference", "rotate_into"]
+           "interleaved_rope_into", "npu_rotary_mul", "rotary_mul_reference", "rotate_into"]
 
 _APPLY = "npu_apply_rotary_pos_emb"
 _ARGS = ("Tensor cos, Tensor sin, str layout='BSH', str rotary_mode='half'")
@@ -126,6 +127,14 @@ def rotate_into(x, cos, sin, mode: str, out) -> torch.Tensor:
     if device_kernel(x, out) == "triton":
         return _rope_triton.rope_triton(x, cos, sin, mode, out)
     return _rope_cpu.rope_cpu(x, cos, sin, mode, out)
+
+
+def interleaved_rope_into(r, cos, sin) -> torch.Tensor:
+    """The fast form of :func:`torchair.ops.rope.common.interleaved_rope_reference` (same
+    contract): de-interleave ``r`` into a new tensor, then rotate-half it in place (Triton on
+    CUDA, the fused kernel elsewhere); no host reads. Returns the new tensor."""
+    p1 = deinterleave(r)
+    return rotate_into(p1, cos, sin, "half", p1)
 
 
 def _apply_eager(query, key, cos, sin, layout="BSH", rotary_mode="half"):
