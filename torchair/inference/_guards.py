@@ -213,8 +213,6 @@ def _self_check(records: list[dict], frame: dict, globals_: dict) -> None:
                                f"({why}); the function changes what Dynamo guards")
 
 
-
-
 def side_effects(on_found: Callable[[str], None]) -> list[list]:
     """Python side effects Dynamo would replay after the graph on objects that existed before
     the call, as ``[source, attribute, value]`` for a warm call to replay: attribute writes of
