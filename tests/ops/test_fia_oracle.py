@@ -69,8 +69,8 @@ def _keep(mode, pre, nxt, masked, i, j, sq_b, skv_b):
     """Whether row ``i`` attends relative KV position ``j`` (the docstring's sparse rules)."""
     if mode in (0, 1) and masked is not None and bool(masked):
         return False
-    if mode == 0:
-        return i - pre <= j <= i + nxt
+    if mode == 0:  # the band only with a mask (Ascend: without one, pre/next are ignored)
+        return masked is None or i - pre <= j <= i + nxt
     if mode == 2:
         return j <= i
     if mode == 3:
@@ -289,3 +289,22 @@ def test_grid_covers_every_axis_value():
         seen = {repr(c[axis]) for c in GRID}
         assert all(repr(v) in seen for v in values if not (axis == "kv_lens" and v == "none")), axis
     assert len(list(itertools.islice(GRID, 0, None))) >= 100
+
+
+@pytest.mark.parametrize("pre,nxt", [(0, 0), (1, 2), (-1, 3)])
+def test_default_mask_mode_without_a_mask_ignores_the_band(pre, nxt):
+    """Ascend's sparse_mode 0 (defaultMask): without atten_mask nothing is masked and pre/next
+    are ignored (ops-transformer's sparse-mode doc); with a mask the band applies as well."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, s, 16, generator=g) for s in (4, 6, 6))
+    kw = dict(num_heads=2, input_layout="BNSD", scale=0.25, sparse_mode=0, pre_tokens=pre,
+              next_tokens=nxt)
+    out, _ = torch.ops.npu.npu_fused_infer_attention_score(q, k, v, **kw)
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25)
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-5)
+    keep_all = torch.zeros(4, 6, dtype=torch.bool)  # a mask that masks nothing: the band remains
+    out, _ = torch.ops.npu.npu_fused_infer_attention_score(q, k, v, atten_mask=keep_all, **kw)
+    i, j = torch.arange(4).view(-1, 1), torch.arange(6).view(1, -1)
+    band = (j >= i - pre) & (j <= i + nxt)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band, scale=0.25)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

@@ -71,10 +71,15 @@ def _kwargs(layout, table, mode, pre, nxt, q_lens, kv_lens):
 
 
 def _op(q, k, v, kw, defer=False, mask=None):
+    # the kernel applies the band it is given; mode 0 without a mask has none (the unit's binder
+    # passes INT_MAX there, as FIA ignores pre/next then)
+    band = (kw["pre_tokens"], kw["next_tokens"])
+    if kw["sparse_mode"] == 0 and mask is None:
+        band = (INT_MAX, INT_MAX)
     return _launch.fia_prompt()(
         q, k, v, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"], kw.get("block_table"),
         N, NKV, _launch.LAYOUTS[kw["input_layout"]], kw.get("block_size", 0), kw["scale"],
-        kw["sparse_mode"], kw["pre_tokens"], kw["next_tokens"], 0, 0, defer, mask)
+        kw["sparse_mode"], *band, 0, 0, defer, mask)
 
 
 _BANDS = {0: [(INT_MAX, INT_MAX), (2, 1), (0, 0), (-1, 3)], 2: [(INT_MAX, INT_MAX)],

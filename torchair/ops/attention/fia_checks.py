@@ -257,6 +257,9 @@ def validate(a: dict) -> FiaPlan:
     ifa = IfaPlan(dims, layout, paged, paged and key.dim() == 4, kv_int8, kv_lengths, padding,
                   None)
     k_quant, v_quant = _antiquant(a, ifa)
+    pre, nxt = int(a["pre_tokens"]), int(a["next_tokens"])
+    if a["sparse_mode"] == 0 and a["atten_mask"] is None:
+        pre = nxt = INT_MAX  # Ascend: defaultMask without a mask masks nothing, the band ignored
     return FiaPlan(ifa, _q_lengths(a["actual_seq_lengths"], dims, query.device),
                    _atten_mask(a["atten_mask"], a["sparse_mode"], dims, query.device),
-                   a["sparse_mode"], int(a["pre_tokens"]), int(a["next_tokens"]), k_quant, v_quant)
+                   a["sparse_mode"], pre, nxt, k_quant, v_quant)

@@ -18,8 +18,9 @@ Returns ``(attention_out, softmax_lse)``. Per batch ``b``, query head ``h`` (rea
     j       p - start_b, the position relative to the window
     s       scale * (q[i] . k[p]) + pse_shift[b, h, i, p]            (pse_shift optional)
     keep p iff start_b <= p < end_b and i < Sq_b and the sparse rule holds:
-        sparse_mode 0 (defaultMask): atten_mask[b, h, i, p] == 0 (when given) and
-                      i - pre_tokens <= j <= i + next_tokens           (top-left aligned band)
+        sparse_mode 0 (defaultMask): with atten_mask: atten_mask[b, h, i, p] == 0 and
+                      i - pre_tokens <= j <= i + next_tokens           (top-left aligned band);
+                      without: nothing masked, pre/next ignored (Ascend's sparse-mode doc)
         sparse_mode 1 (allMask):     atten_mask[b, h, i, p] == 0 (required); pre/next ignored
         sparse_mode 2 (leftUpCausal):   j <= i
         sparse_mode 3 (rightDownCausal): j <= i + (Skv_b - Sq_b)

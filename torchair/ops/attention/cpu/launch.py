@@ -624,9 +624,7 @@ def _fia_prompt_args(node: fx.Node, kw: dict | None = None, wording: int = 0) ->
     return (kw.get("actual_seq_lengths"), kw.get("actual_seq_lengths_kv"), table,
             dims.num_heads, dims.num_kv_heads, LAYOUTS[plan.ifa.layout],
             kw.get("block_size", 0), float(kw.get("scale", 1.0)), int(mode),
-            int(kw.get("pre_tokens", _fia._DEFAULTS["pre_tokens"])),
-            int(kw.get("next_tokens", _fia._DEFAULTS["next_tokens"])), host, wording, True,
-            mask)
+            plan.pre_tokens, plan.next_tokens, host, wording, True, mask)
 
 
 def _kernel_takes(plan: Any, query, key, value, table) -> bool:
