@@ -13,8 +13,8 @@ timed side by side in interleaved rounds (``_harness``):
 * ``swiglu_ref`` / ``swiglu_fused`` / ``swiglu_op``: :func:`swiglu_reference`,
   ``torchair.ops.activation.cpu.swiglu_cpu``, ``torch.ops.npu.npu_swiglu``.
 
-Prints the median per call and the paired ratios ``ref / fused`` and ``ref / op``; it asserts
-nothing.
+Prints the median per call and the paired ratios ``ref / fused`` and ``ref / op`` and saves them
+(JSON, ``results/rope_swiglu_<machine>.json`` or ``--out``); it asserts nothing.
 
     python bench/bench_rope_swiglu.py [--tokens 1 8 32] [--rounds 15] [--steps 50] [--threads 1]
 """
@@ -65,6 +65,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    p.add_argument("--out", default=None, help="JSON path (default results/rope_swiglu_<machine>"
+                                               ".json)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,8 +86,12 @@ def main() -> None:
                      for v in ("fused", "op")]
             rows.append([op, tokens, *(round(med[f"{op}_{v}"], 1) for v in ("ref", "fused", "op")),
                          *(round(r, 2) for r in ratio)])
-    print(_harness.format_table(["op", "T", "ref us", "fused us", "op us", "ref/fused", "ref/op"],
-                                rows))
+    headers = ["op", "T", "ref us", "fused us", "op us", "ref/fused", "ref/op"]
+    print(_harness.format_table(headers, rows))
+    _harness.save_results("rope_swiglu", _harness.machine_tag(info),
+                          {"machine": info, "command": _harness.command_line(),
+                           "dtype": args.dtype, "threads": torch.get_num_threads(),
+                           "rows": [dict(zip(headers, r)) for r in rows]}, out=args.out)
 
 
 if __name__ == "__main__":
