@@ -31,13 +31,13 @@ import torch
 
 from torchair.ops.cache import cpu as _fast
 from torchair.ops.cache._inplace import define_inplace_pair
+from torchair.ops.cache.checks import check_write_dtypes
 
 __all__ = ["check_scatter_nd_update_args", "npu_scatter_nd_update", "npu_scatter_nd_update_",
            "scatter_nd_update_reference"]
 
 OP = "npu_scatter_nd_update"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool, torch.int64, torch.int8)
-INDEX_DTYPES = (torch.int32, torch.int64)
 
 _SCHEMA = f"{OP}(Tensor self, Tensor indices, Tensor updates) -> Tensor"
 
@@ -46,13 +46,7 @@ def check_scatter_nd_update_args(self: torch.Tensor, indices: torch.Tensor,
                                  updates: torch.Tensor, op: str = OP) -> int:
     """Check dtypes, ranks and shapes (never values); return K. Symbolic sizes are compared only
     where both are plain ints (no guard is added)."""
-    if self.dtype not in DTYPES:
-        raise TypeError(f"{op}: self has dtype {self.dtype}; expected one of {list(DTYPES)}")
-    if updates.dtype != self.dtype:
-        raise TypeError(f"{op}: updates has dtype {updates.dtype} but self has {self.dtype}; "
-                        f"cast updates to {self.dtype}")
-    if indices.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{op}: indices has dtype {indices.dtype}; expected int32 or int64")
+    check_write_dtypes(op, self, indices, updates, DTYPES)
     if not 1 <= self.dim() <= 8:
         raise ValueError(f"{op}: self has rank {self.dim()}; expected 1 to 8 dims")
     if indices.dim() < 2:

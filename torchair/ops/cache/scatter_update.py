@@ -40,13 +40,13 @@ import torch
 
 from torchair.ops.cache import cpu as _fast
 from torchair.ops.cache._inplace import define_inplace_pair
+from torchair.ops.cache.checks import check_write_dtypes
 
 __all__ = ["check_scatter_update_args", "scatter_update", "scatter_update_",
            "scatter_update_reference"]
 
 OP = "scatter_update"
 DTYPES = (torch.int8, torch.int32, torch.float16, torch.bfloat16, torch.float32)
-INDEX_DTYPES = (torch.int32, torch.int64)
 
 _SCHEMA = f"{OP}(Tensor self, Tensor indices, Tensor updates, int axis) -> Tensor"
 
@@ -59,13 +59,7 @@ def check_scatter_update_args(self: torch.Tensor, indices: torch.Tensor, updates
                               axis: int, op: str = OP) -> int:
     """Check dtypes, ranks and shapes (never values); return the axis as a non-negative dim.
     Sizes that are symbolic are not compared (no guard is added)."""
-    if self.dtype not in DTYPES:
-        raise TypeError(f"{op}: self has dtype {self.dtype}; expected one of {list(DTYPES)}")
-    if updates.dtype != self.dtype:
-        raise TypeError(f"{op}: updates has dtype {updates.dtype} but self has {self.dtype}; "
-                        f"cast updates to {self.dtype}")
-    if indices.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{op}: indices has dtype {indices.dtype}; expected int32 or int64")
+    check_write_dtypes(op, self, indices, updates, DTYPES)
     rank = self.dim()
     if not 2 <= rank <= 8:
         raise ValueError(f"{op}: self has rank {rank} (shape {list(self.shape)}); expected 2 to "
