@@ -21,7 +21,6 @@ from torch.overrides import TorchFunctionMode
 import torchair
 from torchair.compat import emulate_npu
 from torchair.compat._mode import NpuDeviceMode
-from torchair.compat._streams import HostStream
 from torchair.inference import _cache_key as keys
 from torchair.inference import cache_compile
 
@@ -190,7 +189,7 @@ def test_the_key_separates_device_mappings():
         on_cuda = key()
     with emulate_npu("cpu"):
         assert key() == on_cpu  # the same mapping, another emulation: the same key
-    with NpuDeviceMode("cpu", HostStream):  # the mode alone, without the emulation's patches
+    with NpuDeviceMode("cpu"):  # the mode alone, without the emulation's patches
         assert key() not in (plain, on_cpu)
     with _UserMode():
         assert key() == plain

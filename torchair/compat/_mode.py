@@ -69,7 +69,6 @@ def npu_string(base: str, spec: Any, ints: bool = False, cuda: bool = False) -> 
     return None
 
 
-_RECORD_STREAM = torch.Tensor.record_stream
 # Calls whose device may come positionally: Tensor.to("npu"), Module.to("npu") (via _parse_to).
 _POSITIONAL = (torch.Tensor.to, torch._C._nn._parse_to, torch.as_tensor)
 
@@ -77,14 +76,14 @@ _POSITIONAL = (torch.Tensor.to, torch._C._nn._parse_to, torch.as_tensor)
 class NpuDeviceMode(TorchFunctionMode):
     """Rewrites Ascend device arguments of torch calls to the emulated device (see module doc).
 
-    On a CPU emulation it also makes ``Tensor.record_stream(npu_stream)`` a no-op, as CPU
-    tensors have no stream to record.
+    (``Tensor.record_stream`` with a CPU emulation's stream is answered by the emulation's own
+    ``Tensor.record_stream``, :func:`torchair.compat._streams.host_record_stream`: torch's
+    argument parser refuses that stream before a mode sees the call.)
     """
 
-    def __init__(self, base: str, host_stream_type: type | None = None) -> None:
+    def __init__(self, base: str) -> None:
         super().__init__()
         self.base = base
-        self.host_stream_type = host_stream_type
         self.cuda = False  # True on a CPU emulation once the script imported transfer_to_npu
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -103,9 +102,6 @@ class NpuDeviceMode(TorchFunctionMode):
                 args = (self._map(args[0], True), *(self._map(a) for a in args[1:]))
         elif func is _POSITIONAL[2]:
             args = tuple(self._map(a) for a in args)
-        elif func is _RECORD_STREAM and self.host_stream_type is not None and len(args) == 2 \
-                and isinstance(args[1], self.host_stream_type):
-            return None
         return func(*args, **kwargs)
 
     def _map(self, arg: Any, ints: bool = False) -> Any:
@@ -114,7 +110,7 @@ class NpuDeviceMode(TorchFunctionMode):
 
 
 # What the mode does to a traced call depends only on its attributes (the device playing the NPU,
-# the host stream type, whether "cuda" is mapped too): cache_compile may serve graphs traced
+# whether "cuda" is mapped too): cache_compile may serve graphs traced
 # under an equal mode.
 register_cacheable_mode(NpuDeviceMode)
 

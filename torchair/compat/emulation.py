@@ -34,7 +34,7 @@ from torchair.compat._distributed import distributed_patches, make_torch_npu_dis
 from torchair.compat._mode import (NpuDeviceMode, make_device_class, pop_mode, route_factories,
                                    routes_factories_after_compile, unroute_factories)
 from torchair.compat._npu_namespace import make_npu_namespace
-from torchair.compat._streams import HostStream, host_record_stream
+from torchair.compat._streams import host_record_stream
 from torchair.compat._submodules import (TorchNpuFinder, inline_script_wrappers, make_package,
                                          transfer_patches)
 from torchair.compat._torch_npu import make_torch_npu
@@ -177,7 +177,7 @@ def emulate_npu(device: str | torch.device | None = None) -> Emulation:
 
     tensor_npu.__name__ = tensor_npu.__qualname__ = "npu"
     module_npu.__name__ = module_npu.__qualname__ = "npu"
-    mode = NpuDeviceMode(str(target), HostStream if target.type == "cpu" else None)
+    mode = NpuDeviceMode(str(target))
 
     def transfer_to_npu() -> None:  # `import torch_npu.contrib.transfer_to_npu`
         patches = transfer_patches(target, npu_ns, tensor_npu, module_npu)
