@@ -8,7 +8,7 @@
     torchair.graph_reports()[-1]   # static or not, and why
 
 TorchAir's public names and where each stands here (works / no effect here / not supported):
-``torchair._parity.PUBLIC_API``.
+``torchair.base.parity.PUBLIC_API``.
 """
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ import warnings
 from typing import Any, Callable
 
 from torchair import inference, ops, scope
+from torchair.base.version import VERSION
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.plan.report import GraphReport, graph_reports
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 # The compiler (backend, pipeline, passes, patterns) loads on first use, so a process that only
 # runs cache_compile's warm entries never imports it (nor the sympy/decomposition machinery).
@@ -42,7 +43,7 @@ def __getattr__(name: str):
         return value
     if name in _LAZY_MODULES:
         return importlib.import_module(f"torchair.{name}")  # the import binds the attribute
-    from torchair._parity import unsupported_reason
+    from torchair.base.parity import unsupported_reason
 
     reason = unsupported_reason(f"torchair.{name}")
     if reason is not None:
@@ -85,7 +86,7 @@ def register_fx_node_ge_converter(aten_op: Any) -> Callable[[Callable], Callable
         if not callable(converter):
             raise TypeError(f"register_fx_node_ge_converter({aten_op}): the converter must be "
                             f"callable, got {type(converter).__name__}")
-        from torchair.core.utils import logger
+        from torchair.base.log import logger
 
         logger.info("register_fx_node_ge_converter(%s): GE converters are not used by torchair "
                     "(no GE graph); the op runs through its PyTorch kernels", aten_op)

@@ -20,7 +20,7 @@ def _cell(text: str) -> str:
 
 def render_api_table() -> str:
     """One row per public name of TorchAir: name | status | note."""
-    from torchair._parity import PUBLIC_API
+    from torchair.base.parity import PUBLIC_API
 
     rows = ["| TorchAir API | here | note |", "|---|---|---|"]
     rows += [f"| `{name}` | {status} | {_cell(note)} |" for name, (status, note) in

@@ -1,4 +1,4 @@
-"""TorchAir's public API (issue 17, item 2): every name of torchair._parity.PUBLIC_API resolves
+"""TorchAir's public API (issue 17, item 2): every name of torchair.base.parity.PUBLIC_API resolves
 (or, when "not supported", raises AttributeError with its reason), TorchAir's module paths are
 the same objects, backend="torchair" compiles, the layout helpers check their arguments, and
 importing torchair stays light."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torchair
-from torchair import _parity
+from torchair.base import parity as _parity
 
 # TorchAir's torchair.__all__ (newest version) and the public names of its submodules
 PEER_TOP_LEVEL = ["get_compiler", "get_npu_backend", "dynamo_export", "CompilerConfig",

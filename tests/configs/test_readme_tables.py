@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from torchair import _parity, _readme_tables
+from torchair.base import parity as _parity, _readme_tables
 from torchair.configs import CompilerConfig
 
 README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchair.demo
-from torchair.demo import run as demo_run
+from torchair.demo import run as demo_run, step as demo_step
 
 TINY = ["--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--vocab", "64",
         "--steps", "5", "--prompt-len", "3", "--no-progress"]
@@ -65,19 +65,19 @@ def test_one_batch_size_is_mark_static_without_gears(tmp_path, capsys):
 
 
 def _off_by_one(monkeypatch, name):
-    """Make ``demo_run.<name>`` build a step whose tokens are all off by one."""
-    real = getattr(demo_run, name)
+    """Make ``demo_step.<name>`` build a step whose tokens are all off by one."""
+    real = getattr(demo_step, name)
 
     def wrong(*args, **kwargs):
         step = real(*args, **kwargs)
         return lambda *a, **k: (step(*a, **k) + 1) % 64
 
-    monkeypatch.setattr(demo_run, name, wrong)
+    monkeypatch.setattr(demo_step, name, wrong)
 
 
 def test_mismatch_exits_1_with_a_clear_line(tmp_path, monkeypatch, capsys):
     """A compiled step that returns other tokens must fail the demo."""
-    _off_by_one(monkeypatch, "_compile")
+    _off_by_one(monkeypatch, "compile_step")
     code, result = _run(tmp_path, "--engine", "fx", "--batch", "1", "2")
     assert code == 1 and not result["tokens_equal"]
     assert result["rows"][0]["first_mismatch"] == [0, 0]
@@ -87,7 +87,7 @@ def test_mismatch_exits_1_with_a_clear_line(tmp_path, monkeypatch, capsys):
 
 
 def test_cached_step_mismatch_also_fails_the_demo(tmp_path, monkeypatch, capsys):
-    _off_by_one(monkeypatch, "_cache_compile")
+    _off_by_one(monkeypatch, "cache_compile_step")
     code, result = _run(tmp_path, "--engine", "fx", "--batch", "2")
     assert code == 1 and not result["tokens_equal"]
     assert result["rows"][0]["tokens_equal"] and not result["rows"][0]["cached_tokens_equal"]

@@ -12,8 +12,8 @@ import torchair
 from torchair.core import recorder
 from torchair.passes import StreamScopePass
 from torchair.runtime import units
-from torchair.scope._markers import (PRIORITY_KEY, STREAM_BEGIN, STREAM_END, STREAM_KEY, WAIT,
-                                     WAITS_KEY)
+from torchair.base.meta import PRIORITY_KEY, STREAM_KEY, WAITS_KEY
+from torchair.scope._markers import STREAM_BEGIN, STREAM_END, WAIT
 from torchair.scope._stream_runtime import EmulatedStreams, with_streams
 
 npu = torch.ops.npu

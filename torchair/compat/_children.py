@@ -12,6 +12,7 @@
   ``import torch_npu`` (a script re-imported as ``__mp_main__`` imports it at its top) installs
   the emulation on that device. Forked children inherit everything.
 
+The shim's import calls :func:`torchair.compat.emulation.install_in_child`.
 ``restore()`` undoes all of it (the wrapper, ``sys.path``, both variables).
 """
 from __future__ import annotations
@@ -23,8 +24,9 @@ from typing import Any, Callable
 
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["DEVICE_ENV", "SHIM_DIR", "child_env_patches", "install_in_child", "is_shim",
-           "thread_bootstrap"]
+from torchair.compat._mode import pop_mode
+
+__all__ = ["DEVICE_ENV", "SHIM_DIR", "child_env_patches", "is_shim", "thread_bootstrap"]
 
 DEVICE_ENV = "TORCHAIR_NPU_EMULATION"
 SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child")
@@ -32,8 +34,6 @@ SHIM_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child")
 
 def thread_bootstrap(mode: TorchFunctionMode) -> Callable[[threading.Thread], None]:
     """A ``Thread._bootstrap_inner`` that runs the thread with ``mode`` on its mode stack."""
-    from torchair.compat._mode import pop_mode
-
     original = threading.Thread._bootstrap_inner
 
     def _bootstrap_inner(self: threading.Thread) -> None:
@@ -84,10 +84,3 @@ def child_env_patches(target: str) -> list[Callable[[], None]]:
         undo.append(drop_path)
     return undo
 
-
-def install_in_child() -> None:
-    """Install the emulation in a child process on ``$TORCHAIR_NPU_EMULATION`` (the shim's
-    import); ``sys.modules["torch_npu"]`` is then the emulated module."""
-    from torchair.compat.emulation import emulate_npu
-
-    emulate_npu(os.environ.get(DEVICE_ENV) or None)

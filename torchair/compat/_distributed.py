@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 
 from torchair.compat._errors import NotEmulatedError
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 __all__ = ["NPU_ONLY", "default_timeout", "distributed_patches", "make_torch_npu_distributed",
            "map_backend"]

@@ -29,7 +29,7 @@ from torchair.compat._device import _index_of, to_emulated
 from torchair.compat._errors import module_getattr
 from torchair.compat._settings import settings_api
 from torchair.compat._streams import stream_api
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 __all__ = ["HostDeviceProperties", "make_npu_namespace"]
 

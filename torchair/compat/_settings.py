@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchair.compat._errors import not_emulated
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 __all__ = ["Settings", "settings_api"]
 

@@ -28,7 +28,7 @@ import types
 from typing import Any, Callable
 
 from torchair.compat._errors import module_getattr
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 __all__ = ["CUDA_AS_NPU", "EMULATED_MODULES", "TorchNpuFinder", "make_package",
            "not_emulated_module", "transfer_patches"]

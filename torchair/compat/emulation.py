@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from typing import Any, Callable
 
 import torch
 
-from torchair.compat._children import child_env_patches, is_shim, thread_bootstrap
+from torchair.compat._children import DEVICE_ENV, child_env_patches, is_shim, thread_bootstrap
 from torchair.compat._device import emulated_string, resolve_device
 from torchair.compat._distributed import distributed_patches, make_torch_npu_distributed
 from torchair.compat._mode import (NpuDeviceMode, make_device_class, pop_mode, route_factories,
@@ -39,9 +40,9 @@ from torchair.compat._submodules import (TorchNpuFinder, inline_script_wrappers,
                                          transfer_patches)
 from torchair.compat._torch_npu import make_torch_npu
 from torchair.core.function_modes import register_process_mode
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
-__all__ = ["Emulation", "emulate_npu", "is_emulated", "restore"]
+__all__ = ["Emulation", "emulate_npu", "install_in_child", "is_emulated", "restore"]
 
 _MISSING = object()
 _active: Emulation | None = None
@@ -231,3 +232,9 @@ def restore() -> None:
     """Undo the installed emulation, if any."""
     if _active is not None:
         _active.restore()
+
+
+def install_in_child() -> None:
+    """Install the emulation in a child process on ``$TORCHAIR_NPU_EMULATION`` (the shim's
+    import); ``sys.modules["torch_npu"]`` is then the emulated module."""
+    emulate_npu(os.environ.get(DEVICE_ENV) or None)

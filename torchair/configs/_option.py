@@ -263,7 +263,7 @@ class Option:
         instance.__dict__["_values"][self.name] = value
         if self.effect != WORKS and not _same_value(value, self.default) and full not in _logged:
             _logged.add(full)
-            from torchair.core.utils import logger
+            from torchair.base.log import logger
 
             log = logger.info if self.effect == NO_EFFECT else logger.warning
             log("config option '%s' = %r is accepted for TorchAir compatibility but has %s: %s",

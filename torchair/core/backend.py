@@ -13,8 +13,8 @@ import torch.fx as fx
 
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.pipeline import GraphSignature, compile_graph
-from torchair.core.utils import env_switch, logger
-from torchair.inference.gears import get_dim_gears
+from torchair.base.log import env_switch, logger
+from torchair.base.gears import get_dim_gears
 
 ENV_SPECIALIZE_FLOATS = "TORCHAIR_SPECIALIZE_ATTRIBUTE_FLOATS"
 

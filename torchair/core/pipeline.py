@@ -14,8 +14,8 @@ import torch.fx as fx
 
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core import recorder
-from torchair.core.utils import logger
-from torchair.inference.gears import GearDim, GearTable, merge_gears
+from torchair.base.log import logger
+from torchair.base.gears import GearDim, GearTable, merge_gears
 from torchair.passes import default_passes, run_passes
 from torchair.plan import collectives as _collectives
 from torchair.plan.analysis import Analysis, analyze

@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 import torchair
-from torchair.demo import run as _run
+from torchair.demo import step
 from torchair.demo._progress import Bar
-from torchair.demo._roofline import read_bandwidth
+from torchair.demo._roofline import read_bandwidth, x_floor
 from torchair.demo.model import DemoConfig, Decoder, PagedKVCache, shard
 
 __all__ = ["launch", "worker"]
@@ -66,13 +66,13 @@ def _reference(args, cfg: DemoConfig, model: Decoder, batch: int) -> tuple[torch
     cache = PagedKVCache(cfg, max(args.batch), args.device, model.embed.dtype, args.seed)
     gen = torch.Generator().manual_seed(args.seed + 1000 + batch)
     prompt = torch.randint(0, cfg.vocab, (batch, args.prompt_len), generator=gen).to(args.device)
-    run = _run._Run(cache, cache.reset(batch), prompt[:, :1])
+    run = step.Run(cache, cache.reset(batch), prompt[:, :1])
     for p in range(args.prompt_len):
         run.token = prompt[:, p:p + 1]
-        out = model(*_run._inputs(run, p, batch, args.device))
+        out = model(*step.step_inputs(run, p, batch, args.device))
     run.token = out
     for i in range(args.steps):
-        out, seconds = _run._timed(model, _run._inputs(run, args.prompt_len + i, batch,
+        out, seconds = step.timed(model, step.step_inputs(run, args.prompt_len + i, batch,
                                                        args.device), args.sync)
         if i > 0:
             run.seconds.append(seconds)
@@ -138,12 +138,12 @@ def _worker(args, result_path: str, rank: int, world: int, backend: str, start: 
         torch.set_num_threads(args.threads)
     lead = rank == 0
     say = print if lead else (lambda *a, **k: None)
-    dtype = _run._DTYPES[args.dtype]
+    dtype = step.DTYPES[args.dtype]
     cfg = DemoConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
                      kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab,
                      block_size=args.block_size, max_len=args.prompt_len + args.steps,
                      rope=not args.no_rope)
-    say(f"torchair demo --tp {world}: {_run._describe(args, cfg)}")
+    say(f"torchair demo --tp {world}: {step.describe(args, cfg)}")
     say(f"tensor parallel over {world} ranks ({backend}): q/k/v and gate/up column-parallel "
         f"({cfg.heads // world} heads / {cfg.kv_heads // world} KV heads / "
         f"{cfg.intermediate // world} SwiGLU columns per rank), o/down row-parallel + all_reduce "
@@ -169,8 +169,8 @@ def _worker(args, result_path: str, rank: int, world: int, backend: str, start: 
                 reference[batch] = _reference(args, cfg, full, batch)
     del full
 
-    compiled = _run._compile(model, args.engine)
-    graphs_before = _run._dynamo_graphs()
+    compiled = step.compile_step(model, args.engine)
+    graphs_before = step.dynamo_graphs()
     caches = tuple(PagedKVCache(tp_cfg, max(args.batch), args.device, dtype, args.seed)
                    for _ in range(2))
     reports_before = len(torchair.graph_reports())
@@ -180,13 +180,13 @@ def _worker(args, result_path: str, rank: int, world: int, backend: str, start: 
     try:
         with torch.no_grad():
             for k, batch in enumerate(args.batch):
-                rows.append(_run._generate(args, tp_cfg, model, compiled, batch, caches, k == 0,
+                rows.append(step.generate(args, tp_cfg, model, compiled, batch, caches, k == 0,
                                            bar, args.sync, bandwidth))
     finally:
         bar.close()
     reports = torchair.graph_reports()[reports_before:]
-    summary = _run._summary(reports[-1] if reports else None,
-                            _run._dynamo_graphs() - graphs_before, len(reports))
+    summary = step.summary(reports[-1] if reports else None,
+                            step.dynamo_graphs() - graphs_before, len(reports))
     summary["collectives"] = getattr(reports[-1], "collectives", "") if reports else ""
 
     mine = [{k: r[k] for k in ("eager_ms", "graph_ms", "eager_tokens", "graph_tokens",
@@ -204,8 +204,8 @@ def _worker(args, result_path: str, rank: int, world: int, backend: str, start: 
         row["graph_ms"] = max(row["per_rank_graph_ms"])
         row["graph_first_call_s"] = max(r["graph_first_call_s"] for r in ranks)
         row["speedup"] = row["eager_ms"] / row["graph_ms"]
-        row["eager_x_floor"] = _run.x_floor(row["eager_ms"], row["floor_ms"])
-        row["graph_x_floor"] = _run.x_floor(row["graph_ms"], row["floor_ms"])
+        row["eager_x_floor"] = x_floor(row["eager_ms"], row["floor_ms"])
+        row["graph_x_floor"] = x_floor(row["graph_ms"], row["floor_ms"])
         row["ranks_agree"] = all(r["eager_tokens"] == row["eager_tokens"] and
                                  r["graph_tokens"] == row["graph_tokens"] for r in ranks)
         tp1_tokens, row["tp1_eager_ms"] = reference[row["batch"]]
@@ -213,7 +213,7 @@ def _worker(args, result_path: str, rank: int, world: int, backend: str, start: 
         row["tp1_tokens"] = tp1_tokens.tolist()
         row["equal_tp1"] = (torch.equal(tp1_tokens, graph)
                             and torch.equal(tp1_tokens, torch.tensor(row["eager_tokens"])))
-        row["first_mismatch_tp1"] = _run._first_mismatch(tp1_tokens, graph)
+        row["first_mismatch_tp1"] = step.first_mismatch(tp1_tokens, graph)
     ok = all(r["tokens_equal"] and r["equal_tp1"] and r["ranks_agree"] for r in rows)
 
     print("\nper-step latency (median over the generated tokens after the first, the max over "

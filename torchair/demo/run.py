@@ -25,24 +25,22 @@ import argparse
 import dataclasses
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch._dynamo
 
 import torchair
+from torchair.demo import _tp, step
 from torchair.demo._progress import Bar
-from torchair.demo._roofline import GemvFloor, floor_us, kv_read_bytes, read_bandwidth, x_floor
+from torchair.demo._roofline import read_bandwidth
 from torchair.demo.model import DemoConfig, Decoder, PagedKVCache
-from torchair.inference import set_dim_gears
 
 __all__ = ["main"]
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=512, help="vocabulary size (default 512)")
     p.add_argument("--block-size", type=int, default=16, help="KV cache block size (default 16)")
     p.add_argument("--no-rope", action="store_true", help="leave out the rotary embedding")
-    p.add_argument("--dtype", choices=tuple(_DTYPES), default="float32")
+    p.add_argument("--dtype", choices=tuple(step.DTYPES), default="float32")
     p.add_argument("--engine", choices=("inductor", "fx"), default=None,
                    help="how torchair builds the launch unit: inductor (generated code, the "
                         "default) or fx (debug.run_eagerly: ATen ops one by one, compiles fast; "
@@ -120,178 +118,6 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         args.engine = "fx" if args.tp > 1 else "inductor"
 
 
-@dataclasses.dataclass
-class _Run:
-    """One generation (eager or compiled) of one batch size: its cache, tokens and timings."""
-
-    cache: PagedKVCache
-    table: torch.Tensor
-    token: torch.Tensor
-    tokens: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    seconds: list[float] = dataclasses.field(default_factory=list)
-
-
-def _inputs(run: _Run, position: int, batch: int, device: str) -> tuple:
-    positions = torch.full((batch,), position, dtype=torch.int64, device=device)
-    return (run.token, positions, run.cache.slots(position), run.table, [position + 1],
-            run.cache.k, run.cache.v)
-
-
-def _timed(fn: Callable, args: tuple, sync: Callable[[], None]) -> tuple[torch.Tensor, float]:
-    sync()
-    start = time.perf_counter()
-    out = fn(*args)
-    sync()
-    return out, time.perf_counter() - start
-
-
-def _config(engine: str) -> torchair.CompilerConfig:
-    """Path 4 (tiling sink) with the given engine ("fx": debug.run_eagerly)."""
-    config = torchair.CompilerConfig()
-    config.experimental_config.tiling_schedule_optimize = True
-    config.debug.run_eagerly = engine == "fx"
-    return config
-
-
-def _compile(model: Decoder, engine: str) -> Callable:
-    backend = torchair.get_npu_backend(compiler_config=_config(engine))
-    return torch.compile(model, backend=backend, dynamic=True, fullgraph=True)
-
-
-def _cache_compile(model: Decoder, engine: str, cache_dir: str) -> Callable:
-    """The same step through ``cache_compile`` (entries in ``cache_dir``): its first call
-    compiles path 4 with Dynamo as ``_compile``'s does; later calls run the launch unit it built
-    after torchair's own checks of the call (``$TORCHAIR_CACHE_GUARDS``), without Dynamo."""
-    return torchair.inference.cache_compile(model.forward, config=_config(engine),
-                                            cache_dir=cache_dir)
-
-
-def _dynamo_graphs() -> int:
-    """Graphs Dynamo has compiled in this process (a recompile adds one)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def _mark(args: tuple, batches: Sequence[int]) -> None:
-    """Static shapes everywhere; the batch dim of the per-sequence inputs takes the gears."""
-    tokens, positions, slots, table, _, k_pools, v_pools = args
-    for t in (*k_pools, *v_pools):
-        torch._dynamo.mark_static(t)
-    for t in (tokens, positions, slots, table):
-        if len(batches) > 1:
-            set_dim_gears(t, dim_gears={0: list(batches)})
-        else:
-            torch._dynamo.mark_static(t)
-
-
-def _generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: int,
-              caches: tuple[PagedKVCache, ...], first_compile: bool, bar: Bar,
-              sync: Callable[[], None], bandwidth: dict[str, Any],
-              cached: Callable | None = None) -> dict[str, Any]:
-    """Prefill the caches eagerly, then generate ``args.steps`` tokens with eager, the compiled
-    step and (``cached``: the ``cache_compile`` step, with a third cache) side by side; each
-    compiled step feeds on its own tokens. The weight GEMVs alone (the floor's compute part)
-    run in the same loop, timed the same way."""
-    gen = torch.Generator().manual_seed(args.seed + 1000 + batch)
-    prompt = torch.randint(0, cfg.vocab, (batch, args.prompt_len), generator=gen)
-    prompt = prompt.to(args.device)
-    fns = {"eager": model, "graph": compiled}
-    if cached is not None:
-        fns["cached"] = cached
-    runs = {}
-    for name, cache in zip(fns, caches):
-        run = _Run(cache, cache.reset(batch), prompt[:, :1])
-        for p in range(args.prompt_len):  # prefill, eager, one token at a time
-            run.token = prompt[:, p:p + 1]
-            out = model(*_inputs(run, p, batch, args.device))
-        run.token = out
-        runs[name] = run
-    gemv = GemvFloor.of_module(model, batch)
-    gemv()  # untimed first call, as the steps' first (compiling) call
-    gemv_s: list[float] = []
-    kv_bytes: list[int] = []
-    itemsize = caches[0].k[0].element_size()
-    first_call_s: dict[str, float] = {}
-    cached_graphs = 0  # Dynamo graphs the cache_compile step traced (its cold call: 1)
-    cached_reports: list[int] = []  # the graph reports its calls added
-    names = (*fns, "floor")
-    for i in range(args.steps):
-        position = args.prompt_len + i
-        order = names[i % len(names):] + names[:i % len(names)]
-        for name in order:
-            if name == "floor":
-                if i > 0:
-                    gemv_s.append(_timed(gemv, (), sync)[1])
-                    kv_bytes.append(kv_read_bytes([position + 1] * batch, cfg.local_kv_hidden,
-                                                  cfg.layers, itemsize))
-                continue
-            run = runs[name]
-            step_args = _inputs(run, position, batch, args.device)
-            if name == "cached":
-                graphs_before = _dynamo_graphs()
-                reports_before = len(torchair.graph_reports())
-            if name != "eager" and i == 0:
-                if first_compile:
-                    _mark(step_args, args.batch)
-                what = {"graph": f"batch {batch}: compiling the decode step (Dynamo + torchair, "
-                                 f"{args.engine} engine)" if first_compile else
-                                 f"batch {batch}: building its gear",
-                        "cached": f"batch {batch}: compiling the decode step through "
-                                  f"cache_compile" if first_compile else
-                                  f"batch {batch}: building its gear (cache_compile)"}[name]
-                with bar.waiting(what):
-                    out, first_call_s[name] = _timed(fns[name], step_args, sync)
-            else:
-                out, seconds = _timed(fns[name], step_args, sync)
-                if i > 0:
-                    run.seconds.append(seconds)
-            if name == "cached":
-                cached_graphs += _dynamo_graphs() - graphs_before
-                cached_reports += [r.graph_id for r in
-                                   torchair.graph_reports()[reports_before:]]
-            run.token = out
-            run.tokens.append(out.clone())
-        bar.update(bar.done + 1, f"batch {batch}: {i + 1}/{args.steps} tokens",
-                   milestone=i + 1 == args.steps)
-    tokens = {name: torch.cat(run.tokens, dim=1).cpu() for name, run in runs.items()}
-    ms = {name: statistics.median(run.seconds) * 1e3 for name, run in runs.items()}
-    gemv_ms = statistics.median(gemv_s) * 1e3
-    kv = statistics.mean(kv_bytes)
-    floor_ms = floor_us(gemv_ms * 1e3, kv, bandwidth["gb_per_s"]) / 1e3
-    row = {"batch": batch, "eager_ms": ms["eager"], "graph_ms": ms["graph"],
-           "speedup": ms["eager"] / ms["graph"], "floor_ms": floor_ms, "gemv_ms": gemv_ms,
-           "kv_bytes_per_step": kv, "eager_x_floor": x_floor(ms["eager"], floor_ms),
-           "graph_x_floor": x_floor(ms["graph"], floor_ms),
-           "graph_first_call_s": first_call_s["graph"],
-           "tokens_equal": torch.equal(tokens["eager"], tokens["graph"]),
-           "first_mismatch": _first_mismatch(tokens["eager"], tokens["graph"]),
-           "eager_tokens": tokens["eager"].tolist(), "graph_tokens": tokens["graph"].tolist()}
-    if cached is not None:
-        row.update(cached_ms=ms["cached"], cached_speedup=ms["eager"] / ms["cached"],
-                   cached_x_floor=x_floor(ms["cached"], floor_ms),
-                   cached_first_call_s=first_call_s["cached"],
-                   cached_tokens_equal=torch.equal(tokens["eager"], tokens["cached"]),
-                   cached_first_mismatch=_first_mismatch(tokens["eager"], tokens["cached"]),
-                   cached_tokens=tokens["cached"].tolist(), cached_dynamo_graphs=cached_graphs,
-                   cached_report_ids=cached_reports)
-    return row
-
-
-def _first_mismatch(a: torch.Tensor, b: torch.Tensor) -> list[int] | None:
-    diff = (a != b).nonzero()
-    return None if diff.numel() == 0 else diff[0].tolist()  # [sequence, token]
-
-
-def _describe(args, cfg: DemoConfig) -> str:
-    mlp = (f"MoE {cfg.experts} experts x SwiGLU {cfg.intermediate}, top-{cfg.top_k}"
-           if cfg.experts else f"SwiGLU {cfg.intermediate}")
-    return (f"Llama-style decoder: {cfg.layers} layers, hidden {cfg.hidden}, {cfg.heads} heads / "
-            f"{cfg.kv_heads} KV heads (GQA, head dim {cfg.head_dim}), {mlp}, "
-            f"vocab {cfg.vocab}, {'rotary, ' if cfg.rope else ''}paged KV cache (block "
-            f"{cfg.block_size}), {args.dtype}, random weights (seed {args.seed})")
-
-
 def _table(rows: list[dict[str, Any]]) -> str:
     cached = all("cached_ms" in r for r in rows)
     headers = ["batch", "eager ms/step", "graph ms/step", "graph speedup"]
@@ -316,16 +142,6 @@ def _table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
 
 
-def _summary(report: Any, frames: int, n_reports: int) -> dict[str, Any]:
-    gears = [g["gear"] for g in getattr(report, "gears", []) if g.get("built")]
-    return {"dynamo_compiles": frames, "recompiles": max(frames - 1, 0),
-            "graphs_reported": n_reports,
-            "build_static": bool(report is not None and report.build_static),
-            "path": getattr(report, "path", None), "launch": getattr(report, "launch", None),
-            "engine": getattr(report, "engine", None), "built_gears": gears,
-            "reasons": list(getattr(report, "reasons", []))}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the demo with command-line ``argv`` (default ``sys.argv[1:]``); returns the exit code:
     0 when the compiled step's tokens equal eager's exactly, 1 otherwise."""
@@ -344,17 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if args.tp > 1:
-        from torchair.demo import _tp
-
         if args.tp_worker is not None:
             return _tp.worker(args, args.tp_worker)
         return _tp.launch(args, argv)
     cfg = dataclasses.replace(cfg, tp=1)
-    device, dtype = args.device, _DTYPES[args.dtype]
+    device, dtype = args.device, step.DTYPES[args.dtype]
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    print(f"torchair demo: {_describe(args, cfg)}")
+    print(f"torchair demo: {step.describe(args, cfg)}")
     print(f"device {device}, torch {torch.__version__}, torchair {torchair.__version__}, "
           f"{torch.get_num_threads()} CPU threads")
     gears = f"batch gears {args.batch}" if len(args.batch) > 1 else f"batch {args.batch[0]}"
@@ -367,11 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = Decoder(cfg).to(device=device, dtype=dtype).eval()
     for param in model.parameters():
         param.requires_grad_(False)
-    compiled = _compile(model, args.engine)
+    compiled = step.compile_step(model, args.engine)
     cache_dir = None if args.no_cache_compile else tempfile.mkdtemp(prefix="torchair-demo-")
     try:
-        cached = None if cache_dir is None else _cache_compile(model, args.engine, cache_dir)
-        graphs_before = _dynamo_graphs()
+        cached = None if cache_dir is None else step.cache_compile_step(model, args.engine, cache_dir)
+        graphs_before = step.dynamo_graphs()
         # eager's, the graph's and the cached step's; the same block tables
         caches = tuple(PagedKVCache(cfg, max(args.batch), device, dtype, args.seed)
                        for _ in range(2 if cached is None else 3))
@@ -382,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             with torch.no_grad():
                 for k, batch in enumerate(args.batch):
-                    rows.append(_generate(args, cfg, model, compiled, batch, caches, k == 0,
+                    rows.append(step.generate(args, cfg, model, compiled, batch, caches, k == 0,
                                           bar, sync, bandwidth, cached=cached))
         finally:
             bar.close()
@@ -394,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cached_ids = {i for r in rows for i in r.pop("cached_report_ids", ())}
     reports = [r for r in torchair.graph_reports()[reports_before:]
                if r.graph_id not in cached_ids]
-    summary = _summary(reports[-1] if reports else None,
-                       _dynamo_graphs() - graphs_before - cached_graphs, len(reports))
+    summary = step.summary(reports[-1] if reports else None,
+                       step.dynamo_graphs() - graphs_before - cached_graphs, len(reports))
     ok = all(r["tokens_equal"] and r.get("cached_tokens_equal", True) for r in rows)
 
     print("\nper-step latency (median over the generated tokens after the first; eager, graph"

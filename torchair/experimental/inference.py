@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import torch
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 __all__ = ["npu_format_cast_via_cpu", "use_internal_format_weight"]
 

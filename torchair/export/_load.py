@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.export import _describe
 from torchair.export._layout import PACKAGE_SUFFIX, current_rank
 

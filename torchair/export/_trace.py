@@ -143,7 +143,7 @@ def _python_only(op: torch._ops.OpOverload) -> bool:
 def check_ops(ep) -> list[str]:
     """Raise for ops a deployment cannot run without the model's Python code; return the npu
     ops of torchair's library the package calls (the loading process imports torchair)."""
-    from torchair.ops._registry import NAMESPACE, defined_here
+    from torchair.base.registry import NAMESPACE, defined_here
 
     npu_ops = []
     for op in _ops(ep):

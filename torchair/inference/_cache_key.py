@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import torch
 
-import torchair
 from torchair.configs._option import portable
-from torchair.core.utils import env_switch
+from torchair.base.log import env_switch
+from torchair.base.version import VERSION
 
 
 def _sha(text: str | bytes) -> str:
@@ -43,7 +43,7 @@ def torchair_source_hash(root: pathlib.Path | None = None) -> str:
     """A hash of every source file of the torchair package (``root``: another copy of it), the
     C/C++ kernels' included (editing torchair invalidates; an entry's library calls the launch
     kernels by their schema)."""
-    root = root or pathlib.Path(torchair.__file__).resolve().parent
+    root = root or pathlib.Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.suffix in _SOURCE_SUFFIXES
                        and p.is_file()):
@@ -127,7 +127,7 @@ def key_parts(func: Callable, config: Any, dynamic: bool, decompositions: dict |
         "patterns": _patterns(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "torchair": torchair.__version__,
+        "torchair": VERSION,
         "torchair_sources": torchair_source_hash(),
         "device": device_kind(module),
         "function_modes": mode_tags(),

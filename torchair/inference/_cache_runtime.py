@@ -20,7 +20,7 @@ from torchair.inference._cache_io import (NotCacheable, build_output, graph_outp
                                           info_from_json, program_from_graph)
 from torchair.inference._graph_io import graph_from_json
 from torchair.inference._guard_eval import GuardSet, TensorMemo
-from torchair.inference.gears import GearDim, GearTable, get_dim_gears
+from torchair.base.gears import GearDim, GearTable, get_dim_gears
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine

@@ -38,7 +38,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 if TYPE_CHECKING:
     import torch

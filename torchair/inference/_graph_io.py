@@ -25,7 +25,7 @@ import torch.fx
 from torch.fx.graph import CodeGen, _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
-from torchair.plan.ir import META_ATTRS
+from torchair.base.meta import META_ATTRS
 
 __all__ = ["UnserializableGraph", "graph_code", "graph_from_json", "graph_to_json"]
 

@@ -939,7 +939,7 @@ class GuardSet:
     def _generate(self) -> Callable[[dict, Any], list | None] | None:
         """The per-call check as one generated function (:mod:`._guard_codegen`), or None
         (``$TORCHAIR_GUARD_CODEGEN=0``, or a check it does not cover)."""
-        from torchair.core.utils import env_switch, logger
+        from torchair.base.log import env_switch, logger
         from torchair.inference._guard_codegen import NotGenerated, per_call_program
 
         if not env_switch(ENV_CODEGEN):

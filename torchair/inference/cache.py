@@ -41,7 +41,7 @@ import torch
 
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core import recorder
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.inference import _cache_key as keys
 from torchair.inference import _cache_store as store
 from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_from_json,

@@ -48,7 +48,7 @@ from torchair.ops.activation import swiglu as _swiglu  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print
-from torchair.ops._registry import get_value_dependent, value_dependent_ops
+from torchair.base.registry import get_value_dependent, value_dependent_ops
 
 # the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend;
 # one tuple per op family (a new family adds its import above and one tuple here)
@@ -85,7 +85,7 @@ def __getattr__(name: str):
         from torchair import scope
 
         return getattr(scope, legacy[name])
-    from torchair._parity import unsupported_reason
+    from torchair.base.parity import unsupported_reason
 
     reason = unsupported_reason(f"torchair.ops.{name}")
     if reason is not None:

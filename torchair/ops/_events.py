@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from torchair.core.utils import logger
-from torchair.ops._registry import define_op
+from torchair.base.log import logger
+from torchair.base.registry import define_op
 
 __all__ = ["TaggedEvent", "npu_create_tagged_event", "npu_record_tagged_stream",
            "npu_tagged_event_record", "npu_tagged_event_wait", "record", "wait"]

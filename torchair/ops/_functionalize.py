@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from torch._subclasses.functional_tensor import CppFunctionalizeAPI
 
-from torchair.ops._registry import NAMESPACE, defined_here
+from torchair.base.registry import NAMESPACE, defined_here
 
 __all__ = ["install_functionalization"]
 

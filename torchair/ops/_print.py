@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from torchair.ops._registry import define_op
+from torchair.base.registry import define_op, register_host_sync
 
 __all__ = ["npu_print", "summarize_tensor"]
 
@@ -140,14 +140,8 @@ for _op in (_print, PRINT):
     torch.fx.node.has_side_effect(_op)
 
 
-def _register_host_read() -> None:
-    """A graph that prints reads tensors on the host: it cannot be one captured launch."""
-    from torchair.plan.analysis import HOST_SYNC_OPS
-
-    HOST_SYNC_OPS.add(PRINT)
-
-
-_register_host_read()
+# a graph that prints reads tensors on the host: it cannot be one captured launch
+register_host_sync(PRINT)
 
 
 def _placeholder(texts: list[str]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.passes._base import GraphPass
 from torchair.passes.lower_prims import LowerPrimsPass
 from torchair.passes.pattern_fusion import PatternFusionPass

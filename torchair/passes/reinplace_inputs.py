@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 
 from torchair.passes._base import GraphPass
-from torchair.plan.ir import META_ATTRS
+from torchair.base.meta import META_ATTRS
 
 aten = torch.ops.aten
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch.fx as fx
 
 from torchair.passes._base import GraphPass
-from torchair.scope._markers import (PRIORITY_KEY, STREAM_BEGIN, STREAM_KEY, WAIT, WAITS_KEY,
-                                     is_marker, is_stream_marker)
+from torchair.base.meta import PRIORITY_KEY, STREAM_KEY, WAITS_KEY
+from torchair.scope._markers import STREAM_BEGIN, WAIT, is_marker, is_stream_marker
 
 _WHY = ("a custom pass moved or removed a marker, or the region was split across graphs by a "
         "graph break inside the `with torchair.scope.npu_stream_switch(...)` block (find it with "

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.passes._base import GraphPass
-from torchair.plan.ir import OPTIONS_KEY, SCOPE_KEY
+from torchair.base.meta import OPTIONS_KEY, SCOPE_KEY
 from torchair.scope._markers import BEGIN, is_marker, is_stream_marker
 from torchair.scope._options import check_options
 

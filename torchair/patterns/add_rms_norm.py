@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.patterns import replacement
 from torchair.patterns.replacement import register_replacement, registered_patterns
 

@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 MIN_TORCH = (2, 6)
 _lock = threading.RLock()

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from torchair.ops._registry import ValueDependentOp, get_value_dependent
+from torchair.base.registry import HOST_SYNC_OPS, ValueDependentOp, get_value_dependent
 from torchair.plan.inputs import InputInfo
 
 
@@ -86,12 +86,6 @@ def value_dependent_uses(gm: fx.GraphModule) -> list[ValueDependentUse]:
 # Checks on scalars (``torch._check``, value ranges): host work that returns nothing.
 _HOST_CHECKS = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range.default,
                 torch.ops.aten.sym_constrain_range_for_size.default}
-# Ops that read tensor data on the host (``.item()``, ``.tolist()``) or whose output shape
-# depends on data: the host must wait for the device, so the graph cannot be one launch unit.
-HOST_SYNC_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-                 torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default,
-                 torch.ops.aten.unique_consecutive.default, torch.ops.aten.unique_dim.default,
-                 torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default}
 
 
 def host_scalar_nodes(gm: fx.GraphModule) -> list[fx.Node]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.plan.dump import make_dump_dir
 
 __all__ = ["DataDumpRunner", "rank_dir_name", "write_fx_summary"]

@@ -2,7 +2,7 @@
 
 Every placeholder is a ``Data`` node, every call an op node named by its target
 (``aten.addmm``, ``npu.npu_incre_flash_attention``, ``operator.add``) and the output ``NetOutput``.
-A value-dependent argument of a value-dependent op (see :mod:`torchair.ops._registry`) that holds
+A value-dependent argument of a value-dependent op (see :mod:`torchair.base.registry`) that holds
 only Python constants becomes a separate ``Const`` node wired as an input of the op: that is how
 TorchAir shows "Python constants become Const nodes". When it holds FX nodes (SymInts) those nodes
 are the op's inputs instead.
@@ -21,22 +21,14 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from torchair.ops._registry import get_value_dependent
+from torchair.base.meta import (ASCEND_KEYS, META_ATTRS, OPTIONS_KEY, PRIORITY_KEY, SCOPE_KEY,
+                                STREAM_KEY)
+from torchair.base.registry import get_value_dependent
 from torchair.plan.inputs import InputInfo, dtype_name, ir_shape, is_symbolic
 
 __all__ = ["IRNode", "to_ir", "op_name", "plain", "format_value", "META_ATTRS", "SCOPE_KEY",
            "OPTIONS_KEY", "STREAM_KEY", "PRIORITY_KEY", "ASCEND_KEYS"]
 
-# node.meta entries shown as op attributes (set by SuperKernelScopePass)
-SCOPE_KEY = "_super_kernel_scope"  # node.meta keys set by the super_kernel scope pass
-OPTIONS_KEY = "_super_kernel_options"
-STREAM_KEY = "_user_stream_label"  # ... by npu_stream_switch (TorchAir's names): the op's stream
-# (absent: main) and its priority
-PRIORITY_KEY = "_user_stream_priority"
-# ... and by AscendScopePass: the Ascend-only scope attributes (torchair.scope.limit_core_num etc.)
-ASCEND_KEYS = ("_op_aicore_num", "_op_vectorcore_num", "_op_exec_never_timeout",
-               "torchair_enable_data_dump", "_profiler_trace_index", "_profiler_trace_pos")
-META_ATTRS = (SCOPE_KEY, OPTIONS_KEY, STREAM_KEY, PRIORITY_KEY) + ASCEND_KEYS  # shown in dumps
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.fx as fx
 
-from torchair.core.utils import env_switch, logger, progress
+from torchair.base.log import env_switch, logger, progress
 from torchair.runtime._blas_strides import blas_strides
 
 Engine = Callable[[list], Sequence[Any]]

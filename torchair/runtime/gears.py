@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torchair.core.utils import logger
-from torchair.inference.gears import GearTable
+from torchair.base.log import logger
+from torchair.base.gears import GearTable
 from torchair.plan.report import GraphReport
 
 

@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.plan.inputs import InputInfo
 from torchair.plan.report import GraphReport
 from torchair.plan.segments import (SegmentCut, count_launches, cut_segment, remap_waits,

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.plan.report import GraphReport
 from torchair.plan.sink import HostScalarProgram
 from torchair.runtime import capture as _capture

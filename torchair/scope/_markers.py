@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops._registry import define_op
-from torchair.plan.ir import PRIORITY_KEY, STREAM_KEY  # noqa: F401 (re-exported)
+from torchair.base.registry import define_op
 
 
 def _noop_begin(scope: str | None, options: str) -> None:
@@ -46,9 +45,8 @@ def is_marker(target) -> bool:
 # later consumers with a data edge to ``dep``. SuperKernelScopePass turns them into the node
 # attributes below and erases them.
 
-# node.meta keys: STREAM_KEY the tag of the stream the op runs on (absent: main), PRIORITY_KEY
-# that stream's priority (both defined with the other scope attributes in torchair.plan.ir)
-WAITS_KEY = "_stream_waits"  # node.meta: nodes whose results the op must wait for
+# node.meta keys (torchair.base.meta): STREAM_KEY the tag of the stream the op runs on (absent:
+# main), PRIORITY_KEY that stream's priority, WAITS_KEY the nodes whose results the op waits for
 
 
 def _noop_switch_begin(tag: str, priority: int) -> None:

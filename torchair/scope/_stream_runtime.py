@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 import torch.fx as fx
 
-from torchair.scope._markers import PRIORITY_KEY, STREAM_KEY, WAITS_KEY
+from torchair.base.meta import PRIORITY_KEY, STREAM_KEY, WAITS_KEY
 
 MAIN = None  # the tag of the main stream
 

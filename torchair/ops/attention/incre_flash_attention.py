@@ -39,7 +39,7 @@ from torchair.ops.attention import common as _common
 from torchair.ops.attention import ifa_compute as _compute
 from torchair.ops.attention import ifa_fast as _fast
 from torchair.ops.attention.ifa_checks import IfaPlan, validate
-from torchair.ops._registry import define_op, register_value_dependent
+from torchair.base.registry import define_op, register_value_dependent
 
 __all__ = ["incre_flash_attention_reference", "npu_incre_flash_attention",
            "npu_incre_flash_attention_tensor"]

@@ -9,7 +9,7 @@ AOT then ends the graph with ``copy_(x, y)`` when ``x`` is a graph input. torcha
 ``reinplace_inputs`` pass turns ``op`` + ``copy_`` back into ``op_`` on the input (a KV cache
 written where it is, no copy), and Inductor's reinplace pass is told the same pair.
 
-:func:`define_inplace_pair` defines both ops with :func:`torchair.ops._registry.define_op`; the
+:func:`define_inplace_pair` defines both ops with :func:`torchair.base.registry.define_op`; the
 in-place kernel mutates ``self`` and returns it, its fake kernel returns ``self``.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from torchair.ops._functionalize import install_functionalization
-from torchair.ops._registry import define_op
+from torchair.base.registry import define_op
 
 __all__ = ["define_inplace_pair"]
 

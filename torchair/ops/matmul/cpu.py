@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from torchair.core.utils import env_switch, logger
+from torchair.base.log import env_switch, logger
 from torchair.ops.toolchain import native as _native
 
 __all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "bind_static_unit", "binds_rows",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops._registry import define_op
+from torchair.base.registry import define_op
 
 __all__ = ["check_gating_softmax", "moe_gating_top_k_softmax_reference",
            "npu_moe_gating_top_k_softmax"]

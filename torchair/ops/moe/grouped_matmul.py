@@ -37,7 +37,7 @@ import dataclasses
 
 import torch
 
-from torchair.ops._registry import define_op
+from torchair.base.registry import define_op
 
 __all__ = ["GroupedMatmulPlan", "grouped_matmul_masked", "grouped_matmul_reference",
            "npu_grouped_matmul", "plan_grouped_matmul"]

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops._registry import define_op
+from torchair.base.registry import define_op
 
 __all__ = ["compute_expert_tokens_reference", "finalize_routing_reference",
            "init_routing_reference", "npu_moe_compute_expert_tokens",

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 
 from torchair.ops.quant.plans import QuantMatmulPlan, SwigluQuantPlan
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops._registry import define_op
+from torchair.base.registry import define_op
 from torchair.ops.rope.common import check_float, check_rope_table, interleaved_rope_reference
 from torchair.ops.rope.rotary import interleaved_rope_into
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from torchair.ops._registry import define_op
+from torchair.base.registry import define_op
 from torchair.ops.rope import cpu as _rope_cpu, triton as _rope_triton
 from torchair.ops._functionalize import install_functionalization
 from torchair.ops.rope.common import (check_float, check_mode, check_rope_table, deinterleave,

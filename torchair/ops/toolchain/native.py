@@ -56,7 +56,7 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from torchair.core.utils import env_switch, logger
+from torchair.base.log import env_switch, logger
 
 try:
     import fcntl

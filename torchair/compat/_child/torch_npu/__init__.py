@@ -8,6 +8,6 @@ Imported under any other name (a tool walking torchair's files) it does nothing.
 """
 if __name__ == "torch_npu":
     __torchair_shim__ = True
-    from torchair.compat._children import install_in_child
+    from torchair.compat.emulation import install_in_child
 
     install_in_child()

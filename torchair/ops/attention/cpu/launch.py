@@ -71,7 +71,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from torchair.core.utils import logger
+from torchair.base.log import logger
 from torchair.ops.attention.cpu import native as _decode_native
 from torchair.ops.toolchain import native as _native
 from torchair.plan.sink import sunk_slots
@@ -121,7 +121,7 @@ def _load_now() -> bool:
         return False
     lib.torchair_launch_set_decode.argtypes = [ctypes.c_void_p]
     lib.torchair_launch_set_decode(ctypes.cast(_decode_native.kernel(), ctypes.c_void_p))
-    from torchair.ops import _registry
+    from torchair.base import registry as _registry
 
     npu_entry = all(_registry.defined_here(name) for name in _IFA_OPS)
     _define_general()  # ifa_decode's fallback calls it too

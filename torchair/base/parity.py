@@ -188,7 +188,7 @@ def resolve(name: str) -> Any:
     ``torch.compile(backend='torchair')`` resolves to the backend Dynamo looks up by that name.
     """
     if name not in PUBLIC_API:
-        raise KeyError(f"{name!r} is not in torchair._parity.PUBLIC_API")
+        raise KeyError(f"{name!r} is not in torchair.base.parity.PUBLIC_API")
     status, note = PUBLIC_API[name]
     if status == NOT_SUPPORTED:
         raise LookupError(f"{name} is not supported: {note}")

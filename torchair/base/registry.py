@@ -112,5 +112,19 @@ def get_value_dependent(target) -> ValueDependentOp | None:
     return _value_dependent.get(target)
 
 
+# Ops that read tensor data on the host (``.item()``, ``.tolist()``) or whose output shape
+# depends on data: the host must wait for the device, so the graph cannot be one launch unit.
+# Library ops with that property add themselves with :func:`register_host_sync`.
+HOST_SYNC_OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+                 torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default,
+                 torch.ops.aten.unique_consecutive.default, torch.ops.aten.unique_dim.default,
+                 torch.ops.aten.equal.default, torch.ops.aten.is_nonzero.default}
+
+
+def register_host_sync(op: torch._ops.OpOverload) -> None:
+    """Mark ``op`` as reading tensors on the host: a graph calling it is not one launch unit."""
+    HOST_SYNC_OPS.add(op)
+
+
 def value_dependent_ops() -> tuple[ValueDependentOp, ...]:
     return tuple(_value_dependent.values())
