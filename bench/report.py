@@ -18,7 +18,7 @@ Writes, for the machine tag of ``_harness.machine_tag`` (``cpu-2core``, the GPU 
 * ``bench/results/<tag>.png``: decode step median latency vs batch, one line per variant
   (needs matplotlib: ``pip install -e ".[bench]"``; skipped with a message without it);
 * ``bench/results/<tag>.md``: the decode step table and one line per other benchmark, also
-  put between the ``bench-report`` markers of ``README.md`` with ``--update-readme``.
+  put between the ``bench-report`` markers of ``docs/benchmarks.md`` with ``--update-readme``.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 import _harness as H  # noqa: E402
 
 ROOT = HERE.parent
-README = ROOT / "README.md"
+REPORT_PAGE = ROOT / "docs" / "benchmarks.md"  # the page --update-readme rewrites
 MARK_START = "<!-- bench-report:start -->"
 MARK_END = "<!-- bench-report:end -->"
 FULL_BATCHES = (1, 2, 4, 8, 16)
@@ -503,7 +503,7 @@ def replace_readme_block(text: str, block: str) -> str:
     if start >= 0 and end > start:
         return text[:start] + body + text[end + len(MARK_END):]
     if start >= 0 or end >= 0:
-        raise ValueError(f"README has only one of {MARK_START} / {MARK_END}")
+        raise ValueError(f"the page has only one of {MARK_START} / {MARK_END}")
     headings = [(m.start(), m.group(1)) for m in re.finditer(r"^## (.*)$", text, re.M)]
     for i, (_, title) in enumerate(headings):
         if re.search(r"bench|perf", title, re.I):
@@ -579,7 +579,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds per benchmark before it is killed and recorded as failed")
     p.add_argument("--update-readme", action="store_true",
-                   help="put the table between the bench-report markers of README.md")
+                   help="put the table between the bench-report markers of docs/benchmarks.md")
     p.add_argument("--out-dir", type=Path, default=H.RESULTS_DIR)
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -611,10 +611,12 @@ def main(argv: list[str] | None = None) -> int:
     md_path.write_text(render_markdown(report, png.name if png else None), encoding="utf-8")
     print("\n" + render_markdown(report, None))
     if args.update_readme:
-        image = str(png.relative_to(ROOT)) if png and png.is_relative_to(ROOT) else None
-        README.write_text(replace_readme_block(README.read_text(encoding="utf-8"),
-                                               render_markdown(report, image)), encoding="utf-8")
-        print(f"updated {README.relative_to(ROOT)}")
+        image = (Path(os.path.relpath(png, REPORT_PAGE.parent)).as_posix()
+                 if png and png.is_relative_to(ROOT) else None)
+        REPORT_PAGE.write_text(replace_readme_block(REPORT_PAGE.read_text(encoding="utf-8"),
+                                                    render_markdown(report, image)),
+                               encoding="utf-8")
+        print(f"updated {REPORT_PAGE.relative_to(ROOT)}")
     print(f"wrote {json_path}" + (f", {png}" if png else "") + f", {md_path} "
           f"(total {time.perf_counter() - start:.0f} s)")
     for name, f in done["failures"].items():

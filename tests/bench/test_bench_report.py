@@ -227,7 +227,7 @@ def test_readme_markers_at_end_or_before_layout():
 
 
 def test_real_readme_has_one_marker_pair():
-    text = (BENCH.parent / "README.md").read_text(encoding="utf-8")
+    text = R.REPORT_PAGE.read_text(encoding="utf-8")
     assert text.count(R.MARK_START) == 1 and text.count(R.MARK_END) == 1
     assert R.replace_readme_block(text, "T").count(R.MARK_START) == 1
 
@@ -292,7 +292,7 @@ def test_main_writes_json_png_markdown_and_readme(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(R, "HERE", tmp_path)
     monkeypatch.setattr(R, "ROOT", tmp_path)
-    monkeypatch.setattr(R, "README", tmp_path / "README.md")
+    monkeypatch.setattr(R, "REPORT_PAGE", tmp_path / "README.md")
     monkeypatch.setattr(R, "BENCHES", (R.Bench("decode_step", batch_sweep=True),
                                        R.Bench("bad")))
     (tmp_path / "README.md").write_text(README)

@@ -558,7 +558,7 @@ class ConfigNode:
 
     @classmethod
     def registry(cls) -> Dict[str, Option]:
-        """``{dotted name: Option}`` of every option (the README's option table is checked
+        """``{dotted name: Option}`` of every option (the option table of docs/options.md is checked
         against this)."""
         return dict(cls._iter_decls())
 

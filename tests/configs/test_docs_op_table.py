@@ -1,5 +1,5 @@
-"""The README's op table names every op of the library (TORCH_NPU_OPS) and nothing that is not
-one: a new op without a row, or a row left behind by a renamed op, fails here."""
+"""The op table of docs/ops.md names every op of the library (TORCH_NPU_OPS) and nothing that
+is not one: a new op without a row, or a row left behind by a renamed op, fails here."""
 import pathlib
 import re
 
@@ -7,12 +7,12 @@ import torch
 
 import torchair.ops
 
-README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+OPS_PAGE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ops.md"
 
 
 def _op_table() -> str:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("\n## Ops\n", 1)[1].split("\n## ", 1)[0]
+    text = OPS_PAGE.read_text(encoding="utf-8")
+    section = text.split("\n## Op table\n", 1)[1].split("\n## ", 1)[0]
     return "\n".join(line for line in section.splitlines() if line.startswith("| `"))
 
 
@@ -24,6 +24,6 @@ def test_every_op_has_a_row_with_cpu_and_cuda_columns():
         named |= set(re.findall(r"`(?:torchair\.ops\.)?([a-z_0-9]+)`", first_cell))
         assert len([c for c in row.split("|")[1:-1] if c.strip()]) == 4, row
     missing = sorted(set(torchair.ops.TORCH_NPU_OPS) - named)
-    assert not missing, f"add README op-table rows for {missing}"
+    assert not missing, f"add docs/ops.md op-table rows for {missing}"
     stale = sorted(n for n in named if not hasattr(torch.ops.npu, n))
-    assert not stale, f"README op-table rows name no op: {stale}"
+    assert not stale, f"docs/ops.md op-table rows name no op: {stale}"
