@@ -122,8 +122,8 @@ def npu_backend(compiler_config: CompilerConfig | None, custom_decompositions: d
             compiled = aot_module_simplified(
                 gm, example_inputs, fw_compiler=compiler, bw_compiler=_eager_compiler,
                 inference_compiler=inference_compiler, decompositions=decompositions,
-                keep_inference_input_mutations=config.get(
-                    "experimental_config.keep_inference_input_mutations"))
+                keep_inference_input_mutations=(
+                    config.experimental_config.keep_inference_input_mutations.raw))
         except _restart_types():
             raise  # a retrace of this frame still needs the floats it specializes
         except BaseException:

@@ -69,7 +69,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
     if debug_unit is not None:
         return debug_unit
     _user_pass(config, "post_grad_custom_pre_pass", gm, example_inputs)
-    if config.get("experimental_config.npu_fx_pass"):
+    if config.experimental_config.npu_fx_pass.raw:
         _inductor_joint_graph_passes(gm)
     passes = default_passes(config)
     fired = run_passes(gm, passes)
@@ -78,7 +78,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], config: Com
         return _boxed(_compile_gears(gm, example_inputs, inputs, table, config, graph_id,
                                      dumps, fired, passes))
     analysis = analyze(gm, inputs,
-                       tiling_sink=config.get("experimental_config.tiling_schedule_optimize"))
+                       tiling_sink=config.experimental_config.tiling_schedule_optimize.raw)
     report = GraphReport(
         graph_id=graph_id, fx_static=analysis.fx_static, ir_static=analysis.ir_static,
         build_static=analysis.build_static, inputs=inputs,
@@ -129,7 +129,7 @@ def _boxed(unit: Callable) -> Callable:
 
 def _gear_table(signature: GraphSignature, config: CompilerConfig) -> GearTable:
     dims = [GearDim(i, signature.names[i], d, sizes) for i, d, sizes in signature.gear_dims]
-    return merge_gears(dims, config.get("inference_config.dynamic_gears_merge_policy"))
+    return merge_gears(dims, config.inference_config.dynamic_gears_merge_policy.raw)
 
 
 def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: list[InputInfo],
@@ -155,8 +155,8 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
                                  f"dims equal gears with the 'zip' policy")
         sgm = specialize(gm, values)
         ginputs = gear_inputs(inputs, dims, gear)
-        return sgm, ginputs, analyze(sgm, ginputs, tiling_sink=config.get(
-            "experimental_config.tiling_schedule_optimize"))
+        tiling_sink = config.experimental_config.tiling_schedule_optimize.raw
+        return sgm, ginputs, analyze(sgm, ginputs, tiling_sink=tiling_sink)
 
     _, _, first = plan(0)
     report = GraphReport(
@@ -276,7 +276,7 @@ def _static_input_indices() -> set[int]:
 
 
 def _engine(config: CompilerConfig) -> str:
-    if config.get("debug.run_eagerly") or config.get("mode") in ("reduce-overhead",
+    if config.debug.run_eagerly.raw or config.mode.raw in ("reduce-overhead",
                                                                  "npugraph_ex"):
         return "fx"
     return "inductor"
@@ -300,7 +300,7 @@ def _patterns_fired(passes: list) -> dict[str, int]:
 
 
 def _segments(gm: fx.GraphModule, inputs: list[InputInfo], config: CompilerConfig) -> dict:
-    plans = plan_segments(gm, tiling_sink=config.get("experimental_config.tiling_schedule_optimize"),
+    plans = plan_segments(gm, tiling_sink=config.experimental_config.tiling_schedule_optimize.raw,
                           cuda=_device(inputs).type == "cuda")
     return {scope: {"segments": plan.segments, "skipped": [list(s) for s in plan.skipped]}
             for scope, plan in plans.items()}
@@ -321,12 +321,12 @@ def _consts(analysis: Analysis) -> dict[str, Any]:
 
 def _dump(gm: fx.GraphModule, inputs: list[InputInfo], stage: str, config: CompilerConfig,
           graph_id: int, notes: Sequence[str] = ()) -> list[str]:
-    fmt = config.get("debug.graph_dump.type")
+    fmt = config.debug.graph_dump.type.raw
     if fmt is None:
         return []
     from torchair.plan.dump import write_dump
 
-    return [write_dump(gm, inputs, stage=stage, fmt=fmt, directory=config.get("debug.graph_dump.path"),
+    return [write_dump(gm, inputs, stage=stage, fmt=fmt, directory=config.debug.graph_dump.path,
                        graph_id=graph_id, notes=notes)]
 
 
@@ -340,7 +340,7 @@ def _user_pass(config: CompilerConfig, name: str, gm: fx.GraphModule,
     An exception from the pass is raised again naming the hook and the pass (its
     ``__qualname__``), of the same type where it can be, with the original as ``__cause__``:
     Dynamo's "backend='...' raised" message shows only the last exception's text."""
-    fn = config.get(name)
+    fn = getattr(config, name).raw
     if fn is None:
         return
     # TorchAir's phase for an inference graph is "forward"; this backend compiles only those
@@ -392,11 +392,11 @@ def _debug_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: list[
     op, unoptimized, as in TorchAir (None: compile as usual)."""
     from torchair.plan import debug_dumps
 
-    summary = config.get("debug.fx_summary.type")
+    summary = config.debug.fx_summary.type.raw
     if summary is not None:
-        dumps.append(debug_dumps.write_fx_summary(gm, graph_id, config.get("debug.fx_summary.path")))
-    data = config.get("debug.data_dump.type") is not None
-    if not data and not (summary is not None and config.get("debug.fx_summary.skip_compile")):
+        dumps.append(debug_dumps.write_fx_summary(gm, graph_id, config.debug.fx_summary.path))
+    data = config.debug.data_dump.type.raw is not None
+    if not data and not (summary is not None and config.debug.fx_summary.skip_compile.raw):
         return None
     report = GraphReport(graph_id=graph_id, fx_static=False, ir_static=False, build_static=False,
                          inputs=inputs, value_dependent_ops=[], reasons=[
@@ -407,8 +407,8 @@ def _debug_unit(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: list[
     if data:
         logger.warning("debug.data_dump.type='npy': graph %d runs op by op (no compilation) and "
                        "saves every op's inputs and outputs each step", graph_id)
-        unit = debug_dumps.DataDumpRunner(gm, graph_id, config.get("debug.data_dump.path"),
-                                          config.get("debug.data_dump.filter"))
+        unit = debug_dumps.DataDumpRunner(gm, graph_id, config.debug.data_dump.path,
+                                          config.debug.data_dump.filter)
         report.launch = "op by op (debug.data_dump)"
     else:
         unit = units.HostUnit(fx_engine(gm))

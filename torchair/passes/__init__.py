@@ -35,9 +35,9 @@ from torchair.scope._ascend_only import AscendScopePass
 def default_passes(config) -> list[GraphPass]:
     """The ordered pass list for ``config``."""
     passes: list[GraphPass] = [LowerPrimsPass()]
-    if config.get("experimental_config.remove_noop_ops"):
+    if config.experimental_config.remove_noop_ops.raw:
         passes.append(RemoveNoOpsPass())
-    if config.get("experimental_config.pattern_fusion_pass"):
+    if config.experimental_config.pattern_fusion_pass.raw:
         passes.append(PatternFusionPass())
     passes += [AscendScopePass(), SuperKernelScopePass(), StreamScopePass(),
                ReinplaceInputsPass()]
