@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import torchair  # noqa: E402
-from torchair.ops.attention.cpu import launch as _launch  # noqa: E402
+from torchair.ops.attention.cpu import launch_library as _launch  # noqa: E402
 
 FIA = torch.ops.npu.npu_fused_infer_attention_score
 

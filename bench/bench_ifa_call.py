@@ -35,7 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness  # noqa: E402
 
 import torchair  # noqa: E402,F401  (registers the ops)
-from torchair.ops.attention.cpu import launch as _launch, native as _decode_native  # noqa: E402
+from torchair.ops.attention.cpu import launch_fakes as _fakes  # noqa: E402
+from torchair.ops.attention.cpu import launch_library as _launch  # noqa: E402
+from torchair.ops.attention.cpu import native as _decode_native  # noqa: E402
 from torchair.ops.attention import ifa_fast as _ifa_fast  # noqa: E402
 
 
@@ -94,7 +96,7 @@ def _variants(args) -> dict:
     refused = list(kernel_args)
     refused[19] = 0  # G = 0: the kernel returns -1 before touching anything
     assert fn(*refused) == -1
-    launch = _launch.ifa_decode() if _launch.available() else None
+    launch = _fakes.ifa_decode() if _launch.available() else None
     launch_args = (q, k, v, length_t, None, None, n, nkv, _launch.LAYOUTS["BSH"], 0, d ** -0.5)
     if launch is not None:
         torch.testing.assert_close(launch(*launch_args), reference, atol=0, rtol=0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the C++ launch library's errors are checked (torchair/ops/attention/cpu/launch.py,
+# Where the C++ launch library's errors are checked (torchair/ops/attention/cpu/launch_probe.py,
 # errors_reach_python): on the first lent H200 every ValueError it raised killed the process with
 # SIGSEGV, and the cause was not established. This prints the toolchain, builds and checks the
 # library in a private kernel cache, and, when the check fails, runs the check's child under
@@ -14,8 +14,8 @@ for tool in "${CXX:-c++}" "${CC:-cc}"; do
 done
 echo "libc: $(ldd --version 2>&1 | head -n 1)"
 echo "kernel: $(uname -r)"
-timeout 300 python3 -c "from torchair.ops.attention.cpu import launch
-print('launch kernels available:', launch.available())"
+timeout 300 python3 -c "from torchair.ops.attention.cpu import launch_library
+print('launch kernels available:', launch_library.available())"
 verdict=$(ls "$TORCHAIR_KERNEL_CACHE"/launch_ops-*.so.errors 2>/dev/null | head -n 1)
 if [ -z "$verdict" ]; then
     echo "no verdict kept (no C++ compiler, or a check that said nothing about the library)"
@@ -31,5 +31,5 @@ fi
 # the check's child, in the foreground of a debugger: where the throw goes wrong
 TORCHAIR_LAUNCH_PROBE=${verdict%.errors} timeout 240 "$debugger" -batch -ex run -ex bt \
     -ex "info sharedlibrary" --args "$(python3 -c 'import sys; print(sys.executable)')" -c \
-    "from torchair.ops.attention.cpu import launch; launch._probe()" 2>&1 | tail -n 80
+    "from torchair.ops.attention.cpu import launch_probe_child; launch_probe_child.main()" 2>&1 | tail -n 80
 exit 1

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchair.ops.attention.cpu import launch as _launch
+from torchair.ops.attention.cpu import launch_library as _launch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

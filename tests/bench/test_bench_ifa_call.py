@@ -26,7 +26,7 @@ def test_tiny_run_saves_every_variant(tmp_path, capsys):
                        "--out", str(out)]) == 0
     payload = json.loads(out.read_text())
     per_call = payload["per_call_us"]
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
 
     launch = {"launch"} if _launch.available() else set()
     assert set(per_call) == {"kernel", "ctypes-noop", "fast", "op", "twin", "general",

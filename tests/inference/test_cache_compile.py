@@ -415,7 +415,7 @@ def test_ge_cache_warm_start_loads_the_library_without_inductor_or_dynamo(tmp_pa
     (entry,) = _entries(tmp_path / "c")
     names = {p.name for p in entry.parent.iterdir()}
     assert {"unit.so", "unit.json"} <= names  # the library and its custom-op calls (dynamic quant)
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
 
     if _launch.available():  # the library calls the C++ launch kernel
         assert "torchair_native" in (entry.parent / "unit.json").read_text()

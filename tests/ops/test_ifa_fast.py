@@ -2,13 +2,13 @@
 signature it takes, bit-identical to the general path (the same kernel and work split), the
 same ValueErrors for bad lengths and block ids, never stale when a stride, dtype or shape
 changes, and off when the native kernel is disabled. Every test runs twice: through the C++
-launch kernel (torchair/ops/attention/cpu/launch.py) and through the ctypes call (no C++
+launch kernel (torchair/ops/attention/cpu/launch_library.py) and through the ctypes call (no C++
 compiler)."""
 import pytest
 import torch
 
 from tests.ops._paging import paged
-from torchair.ops.attention.cpu import launch as _launch, native as _decode_native
+from torchair.ops.attention.cpu import launch_library as _launch, native as _decode_native
 from torchair.ops.attention import ifa_checks as _ifa_checks, ifa_fast as _ifa_fast
 from torchair.ops.toolchain import native as _native
 from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference

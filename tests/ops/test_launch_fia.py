@@ -9,7 +9,7 @@ import torch
 import torchair
 from tests.ops._units import compile_static as _compile, op_calls as _op_calls, same_error
 from tests.ops._paging import paged
-from torchair.ops.attention.cpu import launch as _launch
+from torchair.ops.attention.cpu import launch_library as _launch
 
 pytestmark = pytest.mark.skipif(not _launch.available(),
                                 reason="needs the launch kernels (a C and a C++ compiler)")

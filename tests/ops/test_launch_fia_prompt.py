@@ -14,7 +14,8 @@ import torch
 import torchair
 from tests.ops._units import compile_static as _compile, op_calls as _op_calls, same_error
 from tests.ops._paging import block_table
-from torchair.ops.attention.cpu import launch as _launch
+from torchair.ops.attention.cpu import launch_library as _launch
+from torchair.ops.attention.cpu import launch_fakes as _fakes
 
 pytestmark = pytest.mark.skipif(not _launch.available(),
                                 reason="needs the launch kernels (a C and a C++ compiler)")
@@ -76,7 +77,7 @@ def _op(q, k, v, kw, defer=False, mask=None):
     band = (kw["pre_tokens"], kw["next_tokens"])
     if kw["sparse_mode"] == 0 and mask is None:
         band = (INT_MAX, INT_MAX)
-    return _launch.fia_prompt()(
+    return _fakes.fia_prompt()(
         q, k, v, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"], kw.get("block_table"),
         N, NKV, _launch.LAYOUTS[kw["input_layout"]], kw.get("block_size", 0), kw["scale"],
         kw["sparse_mode"], *band, 0, 0, defer, mask)
@@ -221,9 +222,9 @@ def test_group_sizes_and_token_counts_match_eager_fia(heads, kv_heads, sq):
         if masked:
             kw["atten_mask"] = mask
         want = FIA_TWIN(q, kk, vv, **kw)[0]
-        got = _launch.fia_prompt()(q, kk, vv, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"],
-                                   None, heads, kv_heads, 0, 0, 0.2, mode, pre, nxt, 0, 0, False,
-                                   mask if masked else None)
+        got = _fakes.fia_prompt()(q, kk, vv, kw["actual_seq_lengths"], kw["actual_seq_lengths_kv"],
+                                  None, heads, kv_heads, 0, 0, 0.2, mode, pre, nxt, 0, 0, False,
+                                  mask if masked else None)
         assert got.is_contiguous() and got.shape == want.shape
         assert not got.isnan().any(), mode
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"{mode}: {m}")
@@ -231,7 +232,7 @@ def test_group_sizes_and_token_counts_match_eager_fia(heads, kv_heads, sq):
 
 @pytest.mark.parametrize("bad", ["float", "batch", "rows", "last", "per-head"])
 def test_the_op_refuses_a_mask_no_unit_binds(bad):
-    """Called directly with a mask bind_static_unit never passes (its FIA checks keep such calls
+    """Called directly with a mask the AttentionBinder never passes (its FIA checks keep such calls
     on the general op, which raises eager's error), the op raises rather than guess."""
     q, k, v, _ = _case("BSH", False, torch.float32, [S, S])
     kw = _kwargs("BSH", None, 0, INT_MAX, INT_MAX, [5, 3], [48, 20])
@@ -555,7 +556,7 @@ def test_an_error_kept_outside_a_run_does_not_reach_the_next_run():
         assert _launch.pending().value
         torch.testing.assert_close(compiled(q, k, v, [5, 3], [40, 17], None), want,
                                    atol=1e-5, rtol=1e-5)
-    assert _launch._take() is None
+    assert _launch.take() is None
 
 
 def test_threads_sharing_one_compiled_unit_get_their_own_results_and_errors():
@@ -639,6 +640,6 @@ def test_units_name_the_kernels_schema_in_inductors_code():
     compiled = _compile(_Prefill(), (q, k, v, table), False)
     with torch.no_grad():
         _, codes = run_and_get_code(lambda: compiled(q, k, v, [5, 3], [40, 17], table))
-    abi = _launch._abi(_launch.fia_prompt())
-    assert abi != 0 and abi != _launch._abi(_launch.ifa_decode())
+    abi = _fakes.abi(_fakes.fia_prompt())
+    assert abi != 0 and abi != _fakes.abi(_fakes.ifa_decode())
     assert len(codes) == 1 and str(abi) in codes[0]

@@ -1,4 +1,4 @@
-"""The C++ launch kernel ``torchair_native::ifa_decode`` (torchair/ops/attention/cpu/launch.py,
+"""The C++ launch kernel ``torchair_native::ifa_decode`` (torchair/ops/attention/cpu/launch_*.py,
 toolchain/csrc/launch_ops.cpp): bit-identical to the general ``npu_incre_flash_attention_tensor``
 wherever it computes, the general op's results and errors wherever it does not take the arguments,
 the general op's ValueError texts for bad lengths and block ids, masked cache slots never read; a
@@ -20,7 +20,10 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
 from tests.ops._paging import paged
-from torchair.ops.attention.cpu import launch as _launch
+from torchair.ops.attention.cpu import launch_library as _launch
+from torchair.ops.attention.cpu import launch_errors as _launch_errors
+from torchair.ops.attention.cpu import launch_fakes as _fakes
+from torchair.ops.attention.cpu import launch_probe as _probe
 from torchair.ops.toolchain import native as _native
 from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 
@@ -33,8 +36,8 @@ LAYOUT_CODES = _launch.LAYOUTS
 
 def _op(q, k, v, lengths, table=None, *, heads=8, nkv=2, layout="BNSD", block_size=0,
         scale=0.125, ends=None, defer=False):
-    return _launch.ifa_decode()(q, k, v, lengths, ends, table, heads, nkv, LAYOUT_CODES[layout],
-                                block_size, scale, defer)
+    return _fakes.ifa_decode()(q, k, v, lengths, ends, table, heads, nkv, LAYOUT_CODES[layout],
+                               block_size, scale, defer)
 
 
 def _twin(q, k, v, lengths, table=None, *, heads=8, nkv=2, layout="BNSD", block_size=0,
@@ -195,7 +198,7 @@ def test_deferred_errors_are_kept_once_and_cleared():
     q, k, v = _bnsd(seq=64)
     kb, table = paged(k, 16, torch.Generator().manual_seed(2))
     vb = paged(v, 16, torch.Generator().manual_seed(2))[0]
-    assert _launch._take() is None
+    assert _launch.take() is None
     out = _op(q, k, v, torch.tensor([5, -4, 3]), defer=True)
     assert torch.equal(out, torch.zeros_like(q))
     bad = table.clone()
@@ -203,12 +206,12 @@ def test_deferred_errors_are_kept_once_and_cleared():
     _op(q, kb, vb, torch.tensor([64, 16, 20]), bad, block_size=16, defer=True)  # a second error
     good = _op(q, k, v, torch.tensor([5, 4, 3]), defer=True)  # a good call still computes
     assert torch.equal(good, _twin(q, k, v, torch.tensor([5, 4, 3])))
-    assert _launch._take() == "npu_incre_flash_attention: actual_seq_lengths[1]=-4 must be >= 0"
-    assert _launch._take() is None
-    run = _launch.checked(lambda args: _op(*args, block_size=16, defer=True))
+    assert _launch.take() == "npu_incre_flash_attention: actual_seq_lengths[1]=-4 must be >= 0"
+    assert _launch.take() is None
+    run = _launch_errors.checked(lambda args: _op(*args, block_size=16, defer=True))
     with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 99 is not a block"):
         run([q, kb, vb, torch.tensor([64, 16, 20]), bad])
-    assert _launch._take() is None
+    assert _launch.take() is None
     # a run that fails later raises the error kept earlier when the engine runs the program in
     # order (eager stops there), its own error otherwise (Inductor may reorder), and leaves
     # nothing behind; with nothing kept, its own error
@@ -217,25 +220,25 @@ def test_deferred_errors_are_kept_once_and_cleared():
         return 1 / 0
 
     with pytest.raises(ValueError, match=r"actual_seq_lengths\[0\]=-1"):
-        _launch.checked(fails_later, in_order=True)([q, k, v, torch.tensor([-1])])
-    assert _launch._take() is None
+        _launch_errors.checked(fails_later, in_order=True)([q, k, v, torch.tensor([-1])])
+    assert _launch.take() is None
     with pytest.raises(ZeroDivisionError):
-        _launch.checked(fails_later)([q, k, v, torch.tensor([-1])])
-    assert _launch._take() is None
+        _launch_errors.checked(fails_later)([q, k, v, torch.tensor([-1])])
+    assert _launch.take() is None
     with pytest.raises(ZeroDivisionError):
-        _launch.checked(fails_later, in_order=True)([q, k, v, torch.tensor([1])])
+        _launch_errors.checked(fails_later, in_order=True)([q, k, v, torch.tensor([1])])
 
     def interrupted(args):
         _op(*args, defer=True)
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):  # an interrupt stays one, and clears what was kept
-        _launch.checked(interrupted, in_order=True)([q, k, v, torch.tensor([-1])])
-    assert _launch._take() is None
+        _launch_errors.checked(interrupted, in_order=True)([q, k, v, torch.tensor([-1])])
+    assert _launch.take() is None
 
 
 def test_registering_again_is_refused_quietly():
-    lib = _native.load("launch_ops", symbols=_launch._SYMBOLS)
+    lib = _native.load("launch_ops", symbols=_launch.SYMBOLS)
     err = ctypes.create_string_buffer(256)
     assert lib.torchair_launch_register(1, err, len(err)) == 0  # already registered: no-op
 
@@ -325,8 +328,8 @@ def test_bind_leaves_the_traced_graph_alone():
     finally:
         units.StaticUnit._engine = real
     assert seen["before"] == seen["after"]
-    assert TWIN.default in seen["after"] and _launch.ifa_decode() not in seen["after"]
-    assert _launch.ifa_decode() in seen["bound"] and TWIN.default not in seen["bound"]
+    assert TWIN.default in seen["after"] and _fakes.ifa_decode() not in seen["after"]
+    assert _fakes.ifa_decode() in seen["bound"] and TWIN.default not in seen["bound"]
 
 
 # ------------------------------------------------------------------------------ eager entry
@@ -416,7 +419,7 @@ def _general_ifa(*args, **kwargs):
 # ------------------------------------------------- the error check before a library is used
 
 def test_the_loaded_library_passed_the_error_check_in_a_child():
-    with open(_launch._lib._name + ".errors", encoding="utf-8") as f:
+    with open(_launch.library_path() + ".errors", encoding="utf-8") as f:
         assert f.read().strip() == "ok"
 
 
@@ -428,14 +431,14 @@ def test_the_loaded_library_passed_the_error_check_in_a_child():
 def test_a_library_whose_errors_kill_the_child_is_not_used(tmp_path, monkeypatch, torchair_log,
                                                            code, verdict):
     library = str(tmp_path / "launch_ops-x.so")
-    monkeypatch.setattr(_launch, "_PROBE_CODE", code)
-    assert not _launch.errors_reach_python(library)
+    monkeypatch.setattr(_probe, "_PROBE_CODE", code)
+    assert not _probe.errors_reach_python(library)
     kept = tmp_path / "launch_ops-x.so.errors"
     assert kept.read_text().strip() == verdict and kept.stat().st_mode & 0o777 == 0o600
     warned = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
     assert any(verdict in m and "general ops" in m and "delete" in m for m in warned), warned
-    monkeypatch.setattr(_launch, "_run_probe", lambda lib: pytest.fail("checked twice"))
-    assert not _launch.errors_reach_python(library)  # the kept verdict
+    monkeypatch.setattr(_probe, "_run_probe", lambda lib: pytest.fail("checked twice"))
+    assert not _probe.errors_reach_python(library)  # the kept verdict
 
 
 @pytest.mark.parametrize("code, timeout, verdict", [
@@ -452,11 +455,11 @@ def test_a_check_that_says_nothing_about_the_library_is_not_kept(tmp_path, monke
     """A child that could not import torchair, was killed by the OOM killer or hung: this
     process does without the library; the next one checks again (no verdict kept)."""
     library = str(tmp_path / "launch_ops-z.so")
-    monkeypatch.setattr(_launch, "_PROBE_CODE", code)
+    monkeypatch.setattr(_probe, "_PROBE_CODE", code)
     if timeout is not None:
-        monkeypatch.setattr(_launch, "PROBE_TIMEOUT_S", timeout)
+        monkeypatch.setattr(_probe, "PROBE_TIMEOUT_S", timeout)
     start = time.monotonic()
-    assert not _launch.errors_reach_python(library)
+    assert not _probe.errors_reach_python(library)
     assert time.monotonic() - start < 30  # a grandchild holding the pipes is killed too
     assert not (tmp_path / "launch_ops-z.so.errors").exists()
     warned = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
@@ -465,26 +468,26 @@ def test_a_check_that_says_nothing_about_the_library_is_not_kept(tmp_path, monke
 
 def test_a_library_that_passes_is_checked_once(tmp_path, monkeypatch):
     library = str(tmp_path / "launch_ops-y.so")
-    monkeypatch.setattr(_launch, "_PROBE_CODE", "print('ok')")
-    assert _launch.errors_reach_python(library)
-    monkeypatch.setattr(_launch, "_run_probe", lambda lib: pytest.fail("checked twice"))
-    assert _launch.errors_reach_python(library)
-    monkeypatch.setenv(_launch.PROBE_ENV, "/some/library.so")  # the child itself never checks
-    assert _launch.errors_reach_python(str(tmp_path / "never-checked.so"))
+    monkeypatch.setattr(_probe, "_PROBE_CODE", "print('ok')")
+    assert _probe.errors_reach_python(library)
+    monkeypatch.setattr(_probe, "_run_probe", lambda lib: pytest.fail("checked twice"))
+    assert _probe.errors_reach_python(library)
+    monkeypatch.setenv(_probe.PROBE_ENV, "/some/library.so")  # the child itself never checks
+    assert _probe.errors_reach_python(str(tmp_path / "never-checked.so"))
     assert not (tmp_path / "never-checked.so.errors").exists()
 
 
 def test_a_planted_verdict_is_refused(tmp_path, monkeypatch, torchair_log):
     """The verdict is read like the cache's other files: a file others may write, a link or a
     FIFO is refused (no check, no library), never trusted and never waited on."""
-    monkeypatch.setattr(_launch, "_run_probe", lambda lib: pytest.fail("probed"))
+    monkeypatch.setattr(_probe, "_run_probe", lambda lib: pytest.fail("probed"))
     open_ok = tmp_path / "a.so.errors"
     open_ok.write_text("ok\n")
     open_ok.chmod(0o666)
     (tmp_path / "b.so.errors").symlink_to(open_ok)
     os.mkfifo(tmp_path / "c.so.errors")
     for name in ("a.so", "b.so", "c.so"):
-        assert not _launch.errors_reach_python(str(tmp_path / name))
+        assert not _probe.errors_reach_python(str(tmp_path / name))
     warned = [r.getMessage() for r in torchair_log if r.levelno == logging.WARNING]
     assert sum("cannot be used" in m for m in warned) == 3, warned
 
@@ -492,22 +495,22 @@ def test_a_planted_verdict_is_refused(tmp_path, monkeypatch, torchair_log):
 def test_the_child_checks_the_library_it_was_asked_about():
     """The child imports this torchair and must load the very library named; another one
     (here: a path that is not the loaded library) gives no verdict."""
-    verdict, kept = _launch._run_probe("/nonexistent/launch_ops-other.so")
+    verdict, kept = _probe._run_probe("/nonexistent/launch_ops-other.so")
     assert not kept and "not /nonexistent/launch_ops-other.so" in verdict, verdict
-    assert _launch._run_probe(_launch._lib._name) == ("ok", True)
+    assert _probe._run_probe(_launch.library_path()) == ("ok", True)
 
 
 def test_a_refused_library_leaves_eager_errors_to_the_general_op(tmp_path):
     """In a process whose kernel cache says the library's errors crash, nothing of it is used
     and eager calls still raise the general op's ValueError."""
     cache = tmp_path / "kernels"
-    shutil.copytree(pathlib.Path(_launch._lib._name).parent, cache)
-    (cache / (pathlib.Path(_launch._lib._name).name + ".errors")).write_text(
+    shutil.copytree(pathlib.Path(_launch.library_path()).parent, cache)
+    (cache / (pathlib.Path(_launch.library_path()).name + ".errors")).write_text(
         "the child was killed by SIGSEGV\n")
     script = textwrap.dedent("""
         import torch, torchair
-        from torchair.ops.attention.cpu import launch
-        assert not launch.available()
+        from torchair.ops.attention.cpu import launch_library
+        assert not launch_library.available()
         q, kv = torch.zeros(1, 8, 1, 64), torch.zeros(1, 2, 16, 64)
         try:
             torch.ops.npu.npu_incre_flash_attention(q, kv, kv, actual_seq_lengths=[-1],
@@ -530,7 +533,7 @@ def test_python_errors_wrapped_by_a_cpp_caller_are_unwrapped():
     for wrapped, want in (("ValueError: op: x[0]=-1 must be >= 0", ValueError),
                           ("ValueError: op: bad\n\nAt:\n  f.py(1): g\n", ValueError),
                           ("NotImplementedError: op: rope", NotImplementedError)):
-        error = _launch.eager_error(RuntimeError(wrapped))
+        error = _launch_errors.eager_error(RuntimeError(wrapped))
         assert type(error) is want and str(error) == wrapped.split(": ", 1)[1].split("\n\n")[0]
-    assert _launch.eager_error(RuntimeError("shape mismatch")) is None
-    assert _launch.eager_error(ValueError("ValueError: x")) is None  # not wrapped
+    assert _launch_errors.eager_error(RuntimeError("shape mismatch")) is None
+    assert _launch_errors.eager_error(ValueError("ValueError: x")) is None  # not wrapped

@@ -305,7 +305,7 @@ def _check_compiled(compiled, backend):
     torch.testing.assert_close(_run_static(compiled, (q, kc, vc, good), [10, 20]), ref)
     report = torchair.graph_reports()[-1]
     assert report.path == 4 and report.build_static, str(report)
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
     from torchair.runtime.units import default_capture
 
     # on CPU without a capture the unit calls the C++ launch kernel: it raises the errors below

@@ -15,6 +15,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
 from torchair.ops.matmul import cpu as _mm
+from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.ops.toolchain import native as _native
 
 pytestmark = pytest.mark.skipif(not _mm.available(),
@@ -189,7 +190,7 @@ def test_bind_rewrites_few_row_products(batch, bias):
     module = _Linears(bias=bias)
     gm, args = _traced(module, torch.randn(batch, 1, 48))
     before = _targets(gm)
-    bound, count = _mm.bind_static_unit(gm)
+    bound, count = SmallProductBinder()(gm)
     assert count == 2 and bound is not gm
     assert _targets(gm) == before  # the traced graph (what the compile cache saves) is kept
     aten = torch.ops.aten
@@ -208,7 +209,7 @@ def test_chained_products_are_all_bound():
     module = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32, bias=False),
                                  torch.nn.Linear(32, 16))
     gm, args = _traced(module, torch.randn(8, 64))
-    bound, count = _mm.bind_static_unit(gm)
+    bound, count = SmallProductBinder()(gm)
     assert count == 3
     bound.graph.lint()
     with torch.no_grad():
@@ -220,12 +221,12 @@ def test_other_row_counts_stay_mm(batch):
     """Below MIN_ROWS ATen's GEMV reads at the memory's speed already; above MAX_ROWS a
     blocked GEMM wins."""
     gm, _ = _traced(_Linears(), torch.randn(batch, 1, 48))
-    assert _mm.bind_static_unit(gm) == (gm, 0)
+    assert SmallProductBinder()(gm) == (gm, 0)
 
 
 def test_float64_products_stay_mm():
     gm, _ = _traced(_Linears().double(), torch.randn(8, 1, 48, dtype=torch.float64))
-    assert _mm.bind_static_unit(gm) == (gm, 0)
+    assert SmallProductBinder()(gm) == (gm, 0)
 
 
 def test_a_weight_that_is_not_transposed_stays_mm():
@@ -240,18 +241,18 @@ def test_a_weight_that_is_not_transposed_stays_mm():
 
     gm, _ = _traced(_Plain(), torch.randn(8, 48))
     assert torch.ops.aten.mm.default in _targets(gm)
-    assert _mm.bind_static_unit(gm) == (gm, 0)
+    assert SmallProductBinder()(gm) == (gm, 0)
 
 
 def test_the_switch_and_disabled_native_kernels_keep_mm(monkeypatch):
     gm, _ = _traced(_Linears(), torch.randn(8, 1, 48))
-    assert _mm.bind_static_unit(gm)[1] == 2
+    assert SmallProductBinder()(gm)[1] == 2
     monkeypatch.setenv(_mm.ENV_SWITCH, "0")
-    assert not _mm.binds_rows(8) and _mm.bind_static_unit(gm) == (gm, 0)
+    assert not _mm.binds_rows(8) and SmallProductBinder()(gm) == (gm, 0)
     monkeypatch.delenv(_mm.ENV_SWITCH)
     monkeypatch.setenv(_native.ENV_DISABLE, "0")
     monkeypatch.setattr(_mm, "_result", None)  # asked again (the undo puts the loaded one back)
-    assert not _mm.binds_rows(8) and _mm.bind_static_unit(gm) == (gm, 0)
+    assert not _mm.binds_rows(8) and SmallProductBinder()(gm) == (gm, 0)
 
 
 def test_fx_engine_units_keep_eagers_products():
@@ -299,7 +300,7 @@ def test_a_warm_library_that_calls_the_kernel_registers_it_first(tmp_path, monke
     """An ahead-of-time library (cache_compile's ge_cache entry) lists its custom-op calls
     beside it (unit.json, PyTorch's format); loading it registers the kernels it names, and
     says so when one cannot be had."""
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
     from torchair.runtime import engines
 
     library, calls = tmp_path / "unit.so", tmp_path / engines.LIBRARY_OPS

@@ -87,13 +87,14 @@ class _Decode(torch.nn.Module):
 
 def _other_thread_error(q, k, v, started, release, taken):
     """Leaves a deferred error in this thread until ``release``, then takes it."""
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
+    from torchair.ops.attention.cpu import launch_fakes as _fakes
 
-    _launch.ifa_decode()(q, k, v, torch.tensor([1, -7, 2]), None, None, 8, 2,
-                         _launch.LAYOUTS["BNSD"], 0, 0.125, True)
+    _fakes.ifa_decode()(q, k, v, torch.tensor([1, -7, 2]), None, None, 8, 2,
+                        _launch.LAYOUTS["BNSD"], 0, 0.125, True)
     started.set()
     release.wait(30)
-    taken.append(_launch._take())
+    taken.append(_launch.take())
 
 
 @pytest.mark.inductor
@@ -103,7 +104,7 @@ def test_inductor_unit_fused_call(monkeypatch):
     eager, another cache tensor, eager's ValueError and a right next step, another thread's
     deferred error left alone, version bumps when the unit is called by itself, and the
     compiled graph's profiler label."""
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
 
     if not _launch.available():
         pytest.skip("needs the launch kernels (a C and a C++ compiler)")
@@ -198,7 +199,8 @@ def test_inductor_unit_fused_call(monkeypatch):
 def test_a_thread_that_ends_holding_a_deferred_error_leaves_the_count():
     """The count of threads holding a deferred error goes back down when such a thread ends
     without taking it (else every later unit call in every thread would ask in vain)."""
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
+    from torchair.ops.attention.cpu import launch_fakes as _fakes
 
     if not _launch.available():
         pytest.skip("needs the launch kernels (a C and a C++ compiler)")
@@ -208,8 +210,8 @@ def test_a_thread_that_ends_holding_a_deferred_error_leaves_the_count():
     held = []
 
     def other():
-        _launch.ifa_decode()(q, k, v, torch.tensor([-3]), None, None, 8, 2,
-                             _launch.LAYOUTS["BNSD"], 0, 0.125, True)
+        _fakes.ifa_decode()(q, k, v, torch.tensor([-3]), None, None, 8, 2,
+                            _launch.LAYOUTS["BNSD"], 0, 0.125, True)
         held.append(_launch.pending().value)
 
     thread = threading.Thread(target=other)
@@ -221,7 +223,7 @@ def test_a_thread_that_ends_holding_a_deferred_error_leaves_the_count():
     while _launch.pending().value != before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _launch.pending().value == before
-    assert _launch._take() is None  # nothing of that thread's reaches this one
+    assert _launch.take() is None  # nothing of that thread's reaches this one
 
 
 def test_tensor_memo_refuses_nested_tensors_and_stops_after_repeated_misses():

@@ -76,7 +76,7 @@ def test_the_twin_path_checks_host_lengths_as_eager(op, monkeypatch):
 
 
 def test_bound_calls_leave_no_python_check(monkeypatch):
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
 
     if not _launch.available():
         pytest.skip("needs the launch kernels (a C and a C++ compiler)")

@@ -45,7 +45,7 @@ class GraphReport:
     dumps: list[str] = dataclasses.field(default_factory=list)
     build_seconds: float | None = None  # filled in when the launch unit is built
     # calls a CPU static unit makes to C++ launch kernels instead of the general op (filled in
-    # when it is built; see torchair.ops.attention.cpu.launch)
+    # when it is built; see torchair.runtime.binders.attention)
     launch_kernels: int = 0
     # few-row products (mm/addmm) a CPU static unit hands to torchair_native::gemv (filled in when
     # it is built; see torchair.ops.matmul.cpu)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from torchair.base.sink_meta import sunk_slots  # noqa: F401 (re-exported: the old path)
 from torchair.plan.analysis import Analysis, _arg, _flat
 
 SUNK_INPUT_NAME = "sunk_scalars"
@@ -184,17 +185,6 @@ def sink_scalars(gm: fx.GraphModule, analysis: Analysis, input_names: Sequence[s
     program = HostScalarProgram(tuple(position[n] for n in scalar_inputs), tuple(steps),
                                 tuple(slots), tuple(input_names[position[n]] for n in scalar_inputs))
     return SinkResult(new_gm, program, kept)
-
-
-def sunk_slots(node: Any) -> tuple[int, int] | None:
-    """``(start, end)`` in the sunk buffer when ``node`` is an argument :func:`sink_scalars`
-    replaced (``aten.slice(buffer, 0, start, end)``, no traced value: the host list it held had
-    ``end - start`` entries), else None."""
-    if (isinstance(node, fx.Node) and node.target is torch.ops.aten.slice.Tensor
-            and len(node.args) == 4 and all(isinstance(a, int) for a in node.args[1:])
-            and not isinstance(node.meta.get("val"), torch.Tensor)):
-        return node.args[2], node.args[3]
-    return None
 
 
 def _set_arg(node: fx.Node, name: str, value: fx.Node) -> None:

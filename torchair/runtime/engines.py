@@ -464,7 +464,7 @@ def library_calls(path: str | os.PathLike) -> list[str]:
 
 
 GEMV_OP = "torchair_native::gemv"  # torchair.ops.matmul.cpu's; every other torchair_native op
-# a library calls is an attention launch kernel (torchair.ops.attention.cpu.launch)
+# a library calls is an attention launch kernel (torchair.ops.attention.cpu.launch_library)
 
 
 def bound_calls(calls: Sequence[str]) -> tuple[int, int]:
@@ -475,13 +475,13 @@ def bound_calls(calls: Sequence[str]) -> tuple[int, int]:
 
 
 def _load_launch_kernels(path: str) -> None:
-    """Register torchair's launch kernels (:mod:`torchair.ops.attention.cpu.launch`,
+    """Register torchair's launch kernels (:mod:`torchair.ops.attention.cpu.launch_library`,
     :mod:`torchair.ops.matmul.cpu`) before PyTorch's runner resolves the custom ops that the
     library at ``path`` calls, when it calls them."""
     launch, gemv = bound_calls(library_calls(path))
     if not (launch or gemv):
         return
-    from torchair.ops.attention.cpu import launch as _launch
+    from torchair.ops.attention.cpu import launch_library as _launch
     from torchair.ops.matmul import cpu as _matmul
 
     if gemv and not _matmul.available():

@@ -19,10 +19,14 @@ import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from torchair.base.log import logger
+from torchair.ops.attention.cpu import launch_errors as _launch_errors
+from torchair.ops.attention.cpu import launch_library as _launch_library
 from torchair.plan.report import GraphReport
 from torchair.plan.sink import HostScalarProgram
 from torchair.runtime import capture as _capture
 from torchair.runtime import engines as _engines
+from torchair.runtime.binders.attention import AttentionBinder, fia_errors
+from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.staging import InputStager, SunkScalars
 
@@ -132,14 +136,12 @@ class StaticUnit:
             self.sunk.checks = [check for _, check in self._host_checks]
             unit_args.append(self.sunk.stage(args))
         engine = self._engine(unit_args, what)
-        from torchair.ops.attention.cpu import launch as _launch
-
-        errors = _launch.loaded() and self.capture is None  # launch kernels defer their errors
-        as_fia = errors and _launch.fia_errors(self.gm)
+        errors = _launch_library.loaded() and self.capture is None  # launch kernels defer errors
+        as_fia = errors and fia_errors(self.gm)
         if self.capture is None:
             in_order = self.engine_name not in _INDUCTOR_ENGINES  # the FX engine
-            self.run = (_launch.checked(engine, as_fia=as_fia, in_order=in_order) if errors
-                        else engine)
+            self.run = (_launch_errors.checked(engine, as_fia=as_fia, in_order=in_order)
+                        if errors else engine)
             cpu = _device_of(unit_args).type == "cpu"
             try:
                 outputs = self.run(unit_args)
@@ -173,10 +175,8 @@ class StaticUnit:
         pick = operator.itemgetter(*self.kept) if len(self.kept) > 1 else None
         kept, sunk = self.kept, self.sunk
         if errors:
-            from torchair.ops.attention.cpu import launch as _launch
-
-            pending, raise_pending = _launch.pending(), _launch.raise_pending
-            eager_error, take = _launch.eager_error, _launch._take
+            pending, raise_pending = _launch_library.pending(), _launch_errors.raise_pending
+            eager_error, take = _launch_errors.eager_error, _launch_library.take
         if bump:
             from torch.autograd.graph import increment_version
 
@@ -243,20 +243,17 @@ class StaticUnit:
 
     def _launch_graph(self, unit_args: list) -> fx.GraphModule:
         """The graph the engine builds: on CPU without a capture, ops that have launch kernels
-        call them (:func:`torchair.ops.attention.cpu.launch.bind_static_unit`, bit for bit the
+        call them (:class:`~torchair.runtime.binders.attention.AttentionBinder`, bit for bit the
         general ops), and so do few-row products in Inductor-engine units
-        (:func:`torchair.ops.matmul.cpu.bind_static_unit`: rounded differently from ATen's mm,
-        as Inductor's fused kernels are; the FX engine, ``debug.run_eagerly``, keeps eager's
-        kernels); ``self.gm`` stays as traced."""
+        (:class:`~torchair.runtime.binders.small_products.SmallProductBinder`: rounded
+        differently from ATen's mm, as Inductor's fused kernels are; the FX engine,
+        ``debug.run_eagerly``, keeps eager's kernels); ``self.gm`` stays as traced."""
         if self.capture is not None or _device_of(unit_args).type != "cpu":
             return self.gm
-        from torchair.ops.attention.cpu import launch as _launch
-        from torchair.ops.matmul import cpu as _matmul
-
-        gm, count = _launch.bind_static_unit(self.gm)
+        gm, count = AttentionBinder()(self.gm)
         self.report.launch_kernels = count
         if self.engine_name in _INDUCTOR_ENGINES:  # the FX engine runs eager's kernels
-            gm, self.report.small_products = _matmul.bind_static_unit(gm)
+            gm, self.report.small_products = SmallProductBinder()(gm)
         if count and self.sunk is not None:  # bound calls check their host lists in C++
             left = {n.name for n in gm.graph.nodes}
             self.sunk.checks = [check for name, check in self._host_checks if name in left]

@@ -10,7 +10,8 @@ its ``_v2`` and ``npu_prompt_flash_attention`` (PFA, FIA's prompt case).
   attention contract, its reference and the per-device kernel registry).
 * Kernels per backend: ``cpu/`` and ``triton/`` (CUDA).
 
-What runs when a CPU static unit calls attention: ``cpu/launch.py`` binds the call to the C++
+What runs when a CPU static unit calls attention: the unit's binder
+(:class:`torchair.runtime.binders.attention.AttentionBinder`) binds the call to the C++
 dispatcher kernel ``torchair_native::ifa_decode`` (``toolchain/csrc/launch_ops.cpp``, built by
 ``toolchain/native.py``), which calls the native decode kernel
 ``toolchain/csrc/decode_attention.c``.

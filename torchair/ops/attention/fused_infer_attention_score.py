@@ -95,7 +95,7 @@ _TWIN_SCHEMA = (
     .replace("SymInt[]? actual_seq_lengths_kv=", "Tensor? actual_seq_lengths_kv=", 1)
     .replace("SymInt[]? actual_shared_prefix_len=", "Tensor? actual_shared_prefix_len=", 1)
 )
-_DEFAULTS = dict(
+DEFAULTS = dict(  # every keyword argument's default
     pse_shift=None, atten_mask=None, actual_seq_lengths=None, actual_seq_lengths_kv=None,
     dequant_scale1=None, quant_scale1=None, dequant_scale2=None, quant_scale2=None,
     quant_offset2=None, antiquant_scale=None, antiquant_offset=None, key_antiquant_scale=None,
@@ -108,11 +108,13 @@ _DEFAULTS = dict(
     value_antiquant_mode=0, softmax_lse_flag=False)
 
 
-def _args(query, key, value, kwargs: dict) -> dict:
-    unknown = set(kwargs) - set(_DEFAULTS)
+def arguments(query, key, value, kwargs: dict) -> dict:
+    """Every argument of a call, by name: ``kwargs`` over :data:`DEFAULTS` (TypeError for a
+    name the op does not take)."""
+    unknown = set(kwargs) - set(DEFAULTS)
     if unknown:
         raise TypeError(f"{OP}: unexpected arguments {sorted(unknown)}")
-    return {"query": query, "key": key, "value": value, **_DEFAULTS, **kwargs}
+    return {"query": query, "key": key, "value": value, **DEFAULTS, **kwargs}
 
 
 # ------------------------------------------------------------------------------ masks (device)
@@ -275,17 +277,17 @@ def fused_infer_attention_score_reference(query, key, value, **kwargs):
     Takes the schema's keyword arguments; the length arguments may be lists or 1-D int64 tensors.
     Returns ``(attention_out, softmax_lse)`` as the op does.
     """
-    return _run(_args(query, key, value, kwargs), fast=False)
+    return _run(arguments(query, key, value, kwargs), fast=False)
 
 
 def _eager(query, key, value, **kwargs):
     """Eager kernel of the op and of its twin (length arguments: lists or tensors)."""
-    return _run(_args(query, key, value, kwargs), fast=True)
+    return _run(arguments(query, key, value, kwargs), fast=True)
 
 
 def _fake(query, key, value, **kwargs):
     """Fake kernel of the op and its twin: shapes only; reads no SymInt, adds no guard."""
-    a = _args(query, key, value, kwargs)
+    a = arguments(query, key, value, kwargs)
     layout = a["input_layout"]
     if a["block_table"] is None:
         _common.check_layout_ranks(OP, query, key, value, layout)

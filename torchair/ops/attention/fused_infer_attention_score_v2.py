@@ -69,26 +69,26 @@ _SCHEMA = (
 _TWIN_SCHEMA = (_SCHEMA.replace(f"{OP}(", f"{OP}_tensor(", 1)
                 .replace("SymInt[]? actual_seq_qlen=", "Tensor? actual_seq_qlen=", 1)
                 .replace("SymInt[]? actual_seq_kvlen=", "Tensor? actual_seq_kvlen=", 1))
-_DEFAULTS = {**{n: None for n in _TENSOR_ARGS + _LATER_TENSOR_ARGS + _DTYPE_ARGS},
-             "actual_seq_qlen": None, "actual_seq_kvlen": None, "num_query_heads": 1,
-             "num_key_value_heads": 0, "softmax_scale": 1.0, "pre_tokens": INT_MAX,
-             "next_tokens": INT_MAX, "input_layout": "BSH", "sparse_mode": 0, "block_size": 0,
-             "query_quant_mode": 0, "key_quant_mode": 0, "value_quant_mode": 0,
-             "inner_precise": 0, "return_softmax_lse": False}
+DEFAULTS = {**{n: None for n in _TENSOR_ARGS + _LATER_TENSOR_ARGS + _DTYPE_ARGS},
+            "actual_seq_qlen": None, "actual_seq_kvlen": None, "num_query_heads": 1,
+            "num_key_value_heads": 0, "softmax_scale": 1.0, "pre_tokens": INT_MAX,
+            "next_tokens": INT_MAX, "input_layout": "BSH", "sparse_mode": 0, "block_size": 0,
+            "query_quant_mode": 0, "key_quant_mode": 0, "value_quant_mode": 0,
+            "inner_precise": 0, "return_softmax_lse": False}
 
 # v2 argument -> v1 argument, for the arguments with a v1 counterpart
-_TO_V1 = {"pse_shift": "pse_shift", "atten_mask": "atten_mask",
-          "actual_seq_qlen": "actual_seq_lengths", "actual_seq_kvlen": "actual_seq_lengths_kv",
-          "block_table": "block_table", "dequant_scale_key": "key_antiquant_scale",
-          "dequant_offset_key": "key_antiquant_offset",
-          "dequant_scale_value": "value_antiquant_scale",
-          "dequant_offset_value": "value_antiquant_offset", "quant_scale_out": "quant_scale2",
-          "quant_offset_out": "quant_offset2", "num_query_heads": "num_heads",
-          "num_key_value_heads": "num_key_value_heads", "softmax_scale": "scale",
-          "pre_tokens": "pre_tokens", "next_tokens": "next_tokens", "sparse_mode": "sparse_mode",
-          "block_size": "block_size", "key_quant_mode": "key_antiquant_mode",
-          "value_quant_mode": "value_antiquant_mode", "inner_precise": "inner_precise",
-          "return_softmax_lse": "softmax_lse_flag"}
+TO_V1 = {"pse_shift": "pse_shift", "atten_mask": "atten_mask",
+         "actual_seq_qlen": "actual_seq_lengths", "actual_seq_kvlen": "actual_seq_lengths_kv",
+         "block_table": "block_table", "dequant_scale_key": "key_antiquant_scale",
+         "dequant_offset_key": "key_antiquant_offset",
+         "dequant_scale_value": "value_antiquant_scale",
+         "dequant_offset_value": "value_antiquant_offset", "quant_scale_out": "quant_scale2",
+         "quant_offset_out": "quant_offset2", "num_query_heads": "num_heads",
+         "num_key_value_heads": "num_key_value_heads", "softmax_scale": "scale",
+         "pre_tokens": "pre_tokens", "next_tokens": "next_tokens", "sparse_mode": "sparse_mode",
+         "block_size": "block_size", "key_quant_mode": "key_antiquant_mode",
+         "value_quant_mode": "value_antiquant_mode", "inner_precise": "inner_precise",
+         "return_softmax_lse": "softmax_lse_flag"}
 _NOT_IMPLEMENTED = ("query_rope", "key_rope", "dequant_scale_query", "dequant_scale_key_rope",
                     "quant_scale_p", "learnable_sink") + _DTYPE_ARGS
 
@@ -103,7 +103,7 @@ LAYOUTS = {"BSH": ("BSH", "BSH", 3), "BSND": ("BSND", "BSND", 4), "BNSD": ("BNSD
 _VARLEN = ("TND", "NTD")
 
 # v1 names in error messages -> v2 names (longest first, whole words)
-_RENAMES = {v1: v2 for v2, v1 in _TO_V1.items() if v1 != v2}
+_RENAMES = {v1: v2 for v2, v1 in TO_V1.items() if v1 != v2}
 _RENAME_RE = re.compile(r"\b(" + "|".join(sorted(map(re.escape, _RENAMES), key=len,
                                                  reverse=True)) + r")\b")
 _OP_RE = re.compile(r"\bnpu_fused_infer_attention_score\b(?!_v2)")
@@ -120,11 +120,11 @@ def _v2_names() -> Iterator[None]:
 
 
 def _args(kwargs: dict) -> dict:
-    unknown = set(kwargs) - set(_DEFAULTS)
+    unknown = set(kwargs) - set(DEFAULTS)
     if unknown:
         raise TypeError(f"{OP}: unexpected arguments {sorted(unknown)}; it takes "
-                        f"{sorted(_DEFAULTS)}")
-    return {**_DEFAULTS, **kwargs}
+                        f"{sorted(DEFAULTS)}")
+    return {**DEFAULTS, **kwargs}
 
 
 def _check(query: torch.Tensor, a: dict) -> tuple[str, str]:
@@ -162,7 +162,7 @@ def _check(query: torch.Tensor, a: dict) -> tuple[str, str]:
 
 def _v1_call(query, key, value, a: dict, q_layout: str) -> tuple[tuple, dict]:
     """v1's ``(query, key, value)`` and keyword arguments for the v2 arguments ``a``."""
-    kwargs = {v1: a[v2] for v2, v1 in _TO_V1.items()}
+    kwargs = {v1: a[v2] for v2, v1 in TO_V1.items()}
     kwargs["input_layout"] = q_layout
     if q_layout == "NSD":  # one batch of BNSD
         kwargs["input_layout"] = "BNSD"
@@ -191,7 +191,7 @@ def _compute(query, key, value, kwargs: dict, *, fake: bool, fast: bool = True):
         if fake:
             out, lse = _v1._fake(q, k, v, **v1_kwargs)
         else:
-            out, lse = _v1._run(_v1._args(q, k, v, v1_kwargs), fast=fast)
+            out, lse = _v1._run(_v1.arguments(q, k, v, v1_kwargs), fast=fast)
     return _to_output_layout(out, q_layout, out_layout, a["num_query_heads"]), lse
 
 

@@ -11,13 +11,14 @@ known signature only
 * checks the lengths' values as the general path does, with its ``ValueError`` texts: a
   negative length; for host lengths with page attention, the block table's width and the
   cache's block count (a host list or a CPU tensor is read);
-* calls the launch kernel ``torchair_native::ifa_decode`` (:mod:`torchair.ops.attention.cpu.launch`:
-  C++, through the dispatcher) with the checked window ends, or with a tensor of lengths, which it
-  checks itself; without a C++ compiler, passes data pointers, the window ends and the scale to
-  the native kernel through ctypes (:mod:`torchair.ops.attention.cpu.native`). Either checks every
-  block id a window reads (a bad one raises the general path's ``ValueError`` naming
-  ``block_table[b, c]``) and computes exactly what the general path computes (same kernel, same
-  work split: bit-identical results).
+* calls the launch kernel ``torchair_native::ifa_decode``
+  (:mod:`torchair.ops.attention.cpu.launch_library`: C++, through the dispatcher) with the
+  checked window ends, or with a tensor of lengths, which it checks itself; without a C++
+  compiler, passes data pointers, the window ends and the scale to the native kernel through
+  ctypes (:mod:`torchair.ops.attention.cpu.native`). Either checks every block id a window
+  reads (a bad one raises the general path's ``ValueError`` naming ``block_table[b, c]``) and
+  computes exactly what the general path computes (same kernel, same work split: bit-identical
+  results).
 
 Taken when: CPU tensors, one query token, float32 / bfloat16 / float16 query with key and value
 of its dtype, no mask, pse_shift, antiquant, output quantization or kv padding, the native
@@ -36,7 +37,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from torchair.ops import _device_checks
-from torchair.ops.attention.cpu import launch as _launch, native as _decode_native
+from torchair.ops.attention.cpu import launch_library as _library, native as _decode_native
+from torchair.ops.attention.cpu.launch_fakes import ifa_decode
 from torchair.ops.toolchain import native as _native
 from torchair.ops.attention import ifa_checks as _ifa_checks
 from torchair.ops.attention import ifa_compute as _compute
@@ -89,22 +91,22 @@ def clear() -> None:
     """Forget every signature (tests; a rebuilt kernel library), here and in the C++ entry."""
     with _lock:
         _bound.clear()
-    _launch.clear()
+    _library.clear()
 
 
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
     """The general path for every call inside the block: this fast path and the C++ eager entry
-    of the op (:mod:`torchair.ops.attention.cpu.launch`) are off."""
+    of the op (:mod:`torchair.ops.attention.cpu.launch_library`) are off."""
     global ENABLED
     old = ENABLED
     ENABLED = False
-    _launch.set_eager(False)
+    _library.set_eager(False)
     try:
         yield
     finally:
         ENABLED = old
-        _launch.set_eager(old)
+        _library.set_eager(old)
 
 
 def _signature(query, key, value, lengths, block_table, num_heads, layout, nkv, block_size):
@@ -149,7 +151,7 @@ def _bind(query, key, value, lengths, block_table, num_heads, scale, layout, nkv
         q_direct=query.dtype == torch.float32 and query.is_contiguous(),
         q_bf16=query.dtype == torch.bfloat16,
         zeros=(ctypes.c_int64 * dims.batch)(),
-        launch=_launch.available() and _launch_takes(lengths, block_table))
+        launch=_library.available() and _launch_takes(lengths, block_table))
 
 
 def _launch_takes(lengths, block_table) -> bool:
@@ -201,10 +203,10 @@ def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         tensor = isinstance(lengths, torch.Tensor)
         _inside.launch = True
         try:
-            return _launch.ifa_decode()(
+            return ifa_decode()(
                 query, key, value, lengths if tensor else None,
                 None if tensor or lengths is None else _lengths(bound, lengths, block_table),
-                block_table, num_heads, nkv, _launch.LAYOUTS[layout], block_size, scale)
+                block_table, num_heads, nkv, _library.LAYOUTS[layout], block_size, scale)
         finally:
             _inside.launch = False
     if getattr(_inside, "launch", False):

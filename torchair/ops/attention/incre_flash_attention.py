@@ -38,6 +38,7 @@ import torch
 from torchair.ops.attention import common as _common
 from torchair.ops.attention import ifa_compute as _compute
 from torchair.ops.attention import ifa_fast as _fast
+from torchair.ops.attention.cpu import launch_library as _launch_library
 from torchair.ops.attention.ifa_checks import IfaPlan, validate
 from torchair.base.registry import define_op, register_value_dependent
 
@@ -206,3 +207,7 @@ npu_incre_flash_attention = define_op(_SCHEMA, fake=_fake, kernel=_eager)
 npu_incre_flash_attention_tensor = define_op(_TWIN_SCHEMA, fake=_fake, kernel=_eager)
 register_value_dependent(npu_incre_flash_attention.default, ["actual_seq_lengths"],
                          npu_incre_flash_attention_tensor.default)
+# the C++ entry of the launch kernels calls the general implementation for the calls it does not
+# take (torchair_native::ifa_general[_tensor], defined when the library loads)
+_launch_library.set_general(_OP, _SCHEMA, _eager, _fake)
+_launch_library.set_general(f"{_OP}_tensor", _TWIN_SCHEMA, _eager, _fake)

@@ -110,7 +110,7 @@ def _compute(query, key, value, kwargs: dict, *, fake: bool, fast: bool = True) 
         if fake:
             out, _ = _fia._fake(query, key, value, **fia_kwargs)
         else:
-            out, _ = _fia._run(_fia._args(query, key, value, fia_kwargs), fast=fast)
+            out, _ = _fia._run(_fia.arguments(query, key, value, fia_kwargs), fast=fast)
     return out
 
 

@@ -22,7 +22,10 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from torchair.plan.sink import sunk_slots
+from torchair.base.sink_meta import sunk_slots
+from torchair.ops.attention import fia_checks as _fia_checks
+from torchair.ops.attention import fused_infer_attention_score_v2 as _v2
+from torchair.ops.attention import ifa_checks as _ifa_checks
 
 __all__ = ["host_list_checks"]
 
@@ -47,9 +50,6 @@ def _call_check(kv_slots: tuple[int, int] | None, q_slots: tuple[int, int] | Non
     """One call's checks. What the twin itself reports with eager's text (a count of neither B
     nor 1, negative KV lengths) is left to it, so that it is raised where the call runs, in the
     program's order; only the checks of host lists alone run here, before the launch."""
-    from torchair.ops.attention import fia_checks as _fia
-    from torchair.ops.attention import ifa_checks as _ifa
-
     def check(values: list) -> None:
         if kv_slots is not None:
             lengths = values[kv_slots[0]:kv_slots[1]]
@@ -57,14 +57,14 @@ def _call_check(kv_slots: tuple[int, int] | None, q_slots: tuple[int, int] | Non
                 return  # the twin's own errors, at the call
             if paged is not None:
                 with kv_wording():
-                    _ifa.check_paged_lengths(lengths * batch if len(lengths) == 1 else lengths,
-                                             *paged)
+                    _ifa_checks.check_paged_lengths(
+                        lengths * batch if len(lengths) == 1 else lengths, *paged)
         if q_slots is not None:
             lengths = values[q_slots[0]:q_slots[1]]
             if len(lengths) not in (batch, 1):
                 return
             with q_wording():
-                _fia.check_host_q_lengths(lengths, q_len)
+                _fia_checks.check_host_q_lengths(lengths, q_len)
     return check
 
 
@@ -83,9 +83,6 @@ def host_list_checks(gm: fx.GraphModule) -> list[tuple[str, Check]]:
     """``(node name, check)`` for every IFA / FIA / FIA v2 tensor-twin call of ``gm`` whose
     lengths were host lists (module doc); ``check(values)`` takes the sunk buffer's host values
     and raises eager's ValueError."""
-    from torchair.ops.attention import fia_checks as _fia_checks
-    from torchair.ops.attention import fused_infer_attention_score_v2 as _v2
-
     npu = torch.ops.npu
     ifa = npu.npu_incre_flash_attention_tensor.default
     fia = npu.npu_fused_infer_attention_score_tensor.default
@@ -96,7 +93,7 @@ def host_list_checks(gm: fx.GraphModule) -> list[tuple[str, Check]]:
             continue
         kw = dict(node.kwargs)
         if node.target is fia_v2:
-            kw = {_v2._TO_V1.get(k, k): v for k, v in kw.items()}
+            kw = {_v2.TO_V1.get(k, k): v for k, v in kw.items()}
             layout = kw.get("input_layout", "BSH")
             kw["input_layout"] = _v2.LAYOUTS.get(layout, (layout,))[0]
         layout = kw.get("input_layout", "BSH")

@@ -15,14 +15,13 @@ sum in a fixed order, whatever the thread count. Calls it cannot take (another d
 whose rows are not contiguous in k, a bias that is not N contiguous values) are ATen's
 ``mm``/``addmm`` inside the same operator, so no call is refused.
 
-:func:`bind_static_unit` rewrites, in the graph of a CPU static unit built by the Inductor engine
-(the FX engine, ``debug.run_eagerly``, keeps eager's kernels), each float32 ``aten.mm`` /
-``aten.addmm`` (``beta = alpha = 1``) with :data:`MIN_ROWS` to :data:`MAX_ROWS` rows whose
-second operand is a transposed row-major matrix (``W.t()``: a linear layer's weight) into this
-operator. Below that ATen's GEMV already reads the weight at the memory's speed, above it a
-BLAS's blocked GEMM is the faster one (``bench/bench_small_gemm.py``): those stay ``mm``. The
-kernel sums in another order than the BLAS, so a bound unit's products can differ from eager's in
-the last bits (as Inductor's fused kernels do); ``TORCHAIR_SMALL_GEMM=0`` keeps ATen's ``mm``.
+Static units call it for a product with :data:`MIN_ROWS` to :data:`MAX_ROWS` rows (a linear
+layer's ``mm(x, W.t())`` in the graph of a CPU static unit built by the Inductor engine, bound by
+:class:`torchair.runtime.binders.small_products.SmallProductBinder`). Below that ATen's GEMV
+already reads the weight at the memory's speed, above it a BLAS's blocked GEMM is the faster one
+(``bench/bench_small_gemm.py``). The kernel sums in another order than the BLAS, so a bound
+unit's products can differ from eager's in the last bits (as Inductor's fused kernels do);
+``TORCHAIR_SMALL_GEMM=0`` keeps ATen's ``mm``.
 
 Nothing here is required: without a C++ compiler, with ``TORCHAIR_NATIVE_KERNELS=0`` or on a CPU
 without AVX2/AVX-512 the products stay ATen's.
@@ -34,12 +33,11 @@ import threading
 from typing import Any
 
 import torch
-import torch.fx as fx
 
 from torchair.base.log import env_switch, logger
 from torchair.ops.toolchain import native as _native
 
-__all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "bind_static_unit", "binds_rows",
+__all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows",
            "gemv", "reference", "vector_bits"]
 
 # Rows of x a static unit's products are bound for. bench/bench_small_gemm.py on the 2-core
@@ -119,64 +117,3 @@ def reference(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = No
     if bias is not None:
         out = out + bias.double()
     return out.to(x.dtype)
-
-
-def _val(node: Any) -> Any:
-    return node.meta.get("val") if isinstance(node, fx.Node) else None
-
-
-def _bindable(node: fx.Node) -> tuple | None:
-    """``(x, w_t, bias)`` of an ``mm``/``addmm`` node the kernel serves fast, else None."""
-    aten = torch.ops.aten
-    if node.target is aten.mm.default and len(node.args) == 2 and not node.kwargs:
-        bias, (x, w_t) = None, node.args
-    elif node.target is aten.addmm.default and len(node.args) == 3:
-        if any(node.kwargs.get(k, 1) != 1 for k in ("beta", "alpha")) or (
-                set(node.kwargs) - {"beta", "alpha"}):
-            return None
-        bias, x, w_t = node.args
-    else:
-        return None
-    xv, wv, bv = _val(x), _val(w_t), _val(bias)
-    tensors = [t for t in (xv, wv) if isinstance(t, torch.Tensor)]
-    if len(tensors) != 2 or any(t.dtype != torch.float32 or t.device.type != "cpu"
-                                or t.dim() != 2 for t in tensors):
-        return None
-    try:
-        rows, k, n = int(xv.shape[0]), int(xv.shape[1]), int(wv.shape[1])
-        if not MIN_ROWS <= rows <= MAX_ROWS or wv.shape[0] != k or k < 2:
-            return None
-        if xv.stride(1) != 1 or wv.stride(0) != 1:
-            return None
-        if bias is not None:
-            if not isinstance(bv, torch.Tensor) or bv.dtype != torch.float32 or bv.dim() != 1 \
-                    or int(bv.shape[0]) != n or (n > 1 and bv.stride(0) != 1):
-                return None
-    except (TypeError, ValueError):  # symbolic sizes: not a static unit's product
-        return None
-    return x, w_t, bias
-
-
-def bind_static_unit(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
-    """A copy of a CPU static unit's graph whose few-row float32 products are
-    ``torchair_native::gemv`` calls (module doc), and how many were rewritten; ``(gm, 0)``,
-    ``gm`` itself, when there are none or the kernel is not available. ``gm`` is never
-    changed."""
-    found = [(n, operands) for n in gm.graph.nodes
-             if n.op == "call_function" and (operands := _bindable(n)) is not None]
-    if not found or not env_switch(ENV_SWITCH) or not available():
-        return gm, 0
-    graph = fx.Graph()
-    copies: dict[fx.Node, fx.Node] = {}
-    graph.output(graph.graph_copy(gm.graph, copies))
-    op, abi = gemv(), _native.abi_number(gemv())
-    for old, operands in found:
-        node = copies[old]
-        x, w_t, bias = (copies[a] if isinstance(a, fx.Node) else a for a in operands)
-        with graph.inserting_before(node):
-            new = graph.call_function(op, (x, w_t, bias, abi))
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
-        copies[old] = new  # a later product whose operand this one was reads the new node
-    return fx.GraphModule(gm, graph), len(found)
