@@ -831,7 +831,7 @@ def test_metadata_changed_after_remembered_calls_is_never_served_stale(tmp_path,
 
 
 def test_tensor_memo_holds_only_for_identical_metadata():
-    from torchair.inference._guard_eval import TensorMemo
+    from torchair.inference.guards import TensorMemo
 
     if TensorMemo._factory is None:
         pytest.skip("this PyTorch has no TensorGuards: the memo never holds")
@@ -918,13 +918,13 @@ def test_a_call_that_turns_grad_on_leaves_it_off(tmp_path):
     "___check_obj_id(G['torch'], 140228965534112), type=<module 'm' from '/a #b/m.py'>  # c",
 ])
 def test_printed_identity_guards_parse_in_every_torch_form(printed):
-    from torchair.inference._guards import _clean
+    from torchair.inference.guards.record import _clean
 
     assert _clean(printed) == "___check_obj_id(G['torch'], 140228965534112)"
 
 
 def test_item_is_compiled_only_on_a_float_read_at_full_precision():
-    from torchair.inference._guard_eval import Sources, UnsupportedGuard, compile_expression
+    from torchair.inference.guards import Sources, UnsupportedGuard, compile_expression
 
     with pytest.raises(UnsupportedGuard):  # a user's .item() is never called by a guard
         compile_expression("L['o'].item() == 3", Sources())
@@ -933,7 +933,7 @@ def test_item_is_compiled_only_on_a_float_read_at_full_precision():
 @pytest.mark.parametrize("eps, holds", [(1e-6, True), (0.1, True), (float("nan"), False)])
 def test_torch_211_float_guard_reads_the_value_at_full_precision(eps, holds):
     """torch 2.11 guards a float attribute as `x == ___as_tensor(x).item()`."""
-    from torchair.inference._guard_eval import Sources, compile_expression
+    from torchair.inference.guards import Sources, compile_expression
 
     sources = Sources()
     fn = compile_expression("L['self'].eps == ___as_tensor(L['self'].eps).item()", sources)

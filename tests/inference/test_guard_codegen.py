@@ -1,4 +1,4 @@
-"""The generated per-call check (``_guard_codegen``) serves exactly the calls the general check
+"""The generated per-call check (``guards.codegen``) serves exactly the calls the general check
 serves: for valid calls it returns the same graph inputs (the same objects), for every call the
 general check refuses it returns None, and it never compiles recorded text."""
 from __future__ import annotations
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import torchair
-from torchair.inference import _guard_codegen, cache_compile
+from torchair.inference import cache_compile
+from torchair.inference.guards import codegen as guard_codegen
 
 
 class _Many(torch.nn.Module):
@@ -61,18 +62,18 @@ def test_generated_check_agrees_with_the_general_check(tmp_path):
         for _ in range(3):  # cold call, first served call (full check), first per-call check
             cached(*good)
     guards = cached.runtime.guards
-    program = guards._program
+    program = guards.program
     assert program is not None, "the generator covers these guards"
     assert "per_call" in program.source and "L[" not in program.source
     served = 0
     for args, expected in calls:
         frame = cached.frame(args, {})
         fast = program(frame, cached.frame.globals)
-        guards._program = None  # the general form
+        guards.program = None  # the general form
         try:
             why, flat = guards.check_arguments(frame, cached.frame.globals)
         finally:
-            guards._program = program
+            guards.program = program
         if expected is not None:
             assert (why == "") == expected, (args, why)
         if fast is not None:
@@ -93,7 +94,7 @@ def test_calls_served_through_the_generated_check_equal_eager(tmp_path, monkeypa
             cached = cache_compile(model.step, cache_dir=tmp_path / codegen, config=_config())
             with torch.no_grad():
                 cached(*good)
-                assert (cached.runtime.guards._program is not None) == (codegen == "1")
+                assert (cached.runtime.guards.program is not None) == (codegen == "1")
                 for args, _ in calls:
                     got, want = cached(*args), model.step(*args)
                     torch.testing.assert_close(got, want)
@@ -111,7 +112,7 @@ def test_no_recorded_text_reaches_the_generated_code(tmp_path):
     with torch.no_grad():
         for _ in range(3):
             cached(torch.ones(2), {key: 2.0})
-        program = cached.runtime.guards._program
+        program = cached.runtime.guards.program
         if program is not None:
             assert "__import__" not in program.source and "getpid" not in program.source
         assert torch.equal(cached(torch.ones(2), {key: 3.0}), torch.full((2,), 4.0))
@@ -119,33 +120,33 @@ def test_no_recorded_text_reaches_the_generated_code(tmp_path):
 
 def test_an_uncovered_guard_keeps_the_general_check():
     class Fake:
-        _per_call = ([], [], [])
-        _untensored = [type("G", (), {"code": "device(type='cpu')", "type_of": None,
+        per_call = ([], [], [])
+        untensored = [type("G", (), {"code": "device(type='cpu')", "type_of": None,
                                       "obj": None})()]
-        _memo = type("M", (), {"slots": ()})()
+        memo = type("M", (), {"slots": ()})()
         inputs: list = []
 
-    from torchair.inference._guard_eval import Sources
+    from torchair.inference.guards import Sources
 
     Fake.sources = Sources()
-    with pytest.raises(_guard_codegen.NotGenerated):
-        _guard_codegen.per_call_program(Fake())
+    with pytest.raises(guard_codegen.NotGenerated):
+        guard_codegen.per_call_program(Fake())
 
 
 def _hand_made(code, frame_values):
     """A GuardSet of one guard on L['x'] (a hand-made record), after watch_arguments, and the
     generated and general answers for each value of x."""
-    from torchair.inference._guard_eval import GuardSet
+    from torchair.inference.guards import GuardSet
 
     gs = GuardSet([{"kind": "EQUALS_MATCH", "code": [code], "source": "L['x']"}], ["L['x']"])
     gs.watch_arguments(["x"])
     answers = []
     for x in frame_values:
         gs.check({"x": x}, {})  # the first (full) check of each frame sets the epoch
-        fast = gs._program({"x": x}, {})
-        program, gs._program = gs._program, None
+        fast = gs.program({"x": x}, {})
+        program, gs.program = gs.program, None
         why, _ = gs.check_arguments({"x": x}, {})
-        gs._program = program
+        gs.program = program
         answers.append((fast is not None, why == ""))
     return gs, answers
 
@@ -159,7 +160,7 @@ def _hand_made(code, frame_values):
 ])
 def test_generated_expressions_equal_the_general_ones(code):
     gs, answers = _hand_made(code, [torch.tensor(5), torch.tensor(-1), 5, 0])
-    assert gs._program is not None
+    assert gs.program is not None
     for fast, general in answers:
         assert not fast or general, (code, answers)  # never serves what the general refuses
 
@@ -169,9 +170,9 @@ def test_compiled_frames_that_assign_buffers_do_not_guard_on_the_module_epoch():
     them inside any compiled forward that assigns a buffer and guarded on the epoch, so such a
     frame compiled again at every call (the Llama client hit the recompile limit after a
     cache_compile test in the same process)."""
-    from torchair.inference import _guard_eval
+    from torchair.inference.guards import epoch
 
-    _guard_eval._watch_modules()
+    epoch.watch_modules()
 
     class Assigns(torch.nn.Module):
         def __init__(self):
@@ -189,6 +190,33 @@ def test_compiled_frames_that_assign_buffers_do_not_guard_on_the_module_epoch():
         x = torch.randn(3)
         assert torch.equal(compiled(x), x + 1) and torch.equal(module.b, x * 2)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
-    before = _guard_eval.module_epoch()
+    before = epoch.module_epoch()
     module.register_buffer("c", torch.ones(1))  # outside compiled code: bumped
-    assert _guard_eval.module_epoch() == before + 1
+    assert epoch.module_epoch() == before + 1
+
+
+def test_each_call_is_traced_at_debug_with_its_tier_rate_limited(torchair_log, monkeypatch):
+    """check_arguments traces at DEBUG which tier decided a call: each of the first calls, then
+    only every so many calls and whenever the tier changes."""
+    from torchair.inference.guards import guard_set
+
+    monkeypatch.setattr(guard_set, "_TRACE_EVERY", 5)
+    gs = guard_set.GuardSet([{"kind": "EQUALS_MATCH", "code": ["L['x'] == 3"],
+                              "source": "L['x']"}], ["L['x']"])
+    gs.watch_arguments(["x"])
+    assert gs.program is not None
+
+    def traced():
+        return [r.getMessage() for r in torchair_log if "guard check of call" in r.getMessage()]
+
+    assert gs.check_arguments({"x": 3}, {})[0] == ""  # the first call: a full check
+    for _ in range(guard_set._TRACE_FIRST + 10):
+        assert gs.check_arguments({"x": 3}, {})[0] == ""
+    lines = traced()
+    assert "call 1 served by the full check" in lines[0]
+    assert all("served by the generated program" in m for m in lines[1:])
+    # every call up to _TRACE_FIRST, then every 5th
+    assert len(lines) == guard_set._TRACE_FIRST + 2, lines
+    assert gs.check_arguments({"x": 4}, {})[0] != ""  # another tier: traced at once
+    last = traced()[-1]
+    assert "refused by the per-call guards" in last and "L['x'] == 3" in last

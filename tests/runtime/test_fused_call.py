@@ -227,7 +227,7 @@ def test_a_thread_that_ends_holding_a_deferred_error_leaves_the_count():
 
 
 def test_tensor_memo_refuses_nested_tensors_and_stops_after_repeated_misses():
-    from torchair.inference._guard_eval import TensorMemo
+    from torchair.inference.guards import TensorMemo
 
     if TensorMemo._factory is None:
         pytest.skip("this PyTorch has no TensorGuards")

@@ -3,8 +3,8 @@
 An entry is JSON plus tensors (never pickles): the final graph of the launch unit (after
 passes and scalar sinking), the unit's arguments, the host scalar program (as a tiny graph),
 where each graph input comes from (Dynamo's input sources, read by the guard evaluator's small
-grammar instead of ``eval``), Dynamo's guards (:mod:`torchair.inference._guards`), how AOT turns
-the unit's outputs into the graph's (aliases included) and how to build the return value.
+grammar instead of ``eval``), Dynamo's guards (:mod:`torchair.inference.guards.record`), how AOT
+turns the unit's outputs into the graph's (aliases included) and how to build the return value.
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def output_spec(result: Any, outputs: Sequence[Any], inputs: Sequence[Any],
     return encode(result)
 
 
-# a tensor store's value from ``_guards.side_effects`` until :func:`tensor_stores` maps it
+# a tensor store's value from ``guards.side_effects`` until :func:`tensor_stores` maps it
 TENSOR_STORE = {"stored": "tensor"}
 
 

@@ -9,7 +9,7 @@ emulation's device mapping); with ``ge_cache`` (an entry holding a library compi
 also the CPU's model and feature flags and ``$ATEN_CPU_CAPABILITY``. Functions Dynamo inlines
 while tracing are only known afterwards: the entry records their source files with hashes, and
 a warm start checks them (any change: rebuild). The guards Dynamo produced are recorded in the
-entry and checked on every warm call (:mod:`torchair.inference._guard_eval`).
+entry and checked on every warm call (:mod:`torchair.inference.guards`).
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def mode_tags() -> list[str]:
     mode: the device playing the NPU), so an entry traced under one device mapping lives apart
     from one traced under another or none. Other modes (a user's, ``with torch.device(...)``)
     are left out: the entry's TORCH_FUNCTION_MODE_STACK check refuses them on warm calls, and a
-    cold start under one does not cache (see :mod:`torchair.inference._guards`)."""
+    cold start under one does not cache (see :mod:`torchair.inference.guards.record`)."""
     from torchair.core import function_modes
 
     tags = []

@@ -2,7 +2,7 @@
 
 Loading rebuilds the launch unit from the entry (graph JSON, unit arguments, the ahead-of-time
 library when there is one) and compiles the recorded guards
-(:class:`~torchair.inference._guard_eval.GuardSet`). A call evaluates the guards on the call's
+(:class:`~torchair.inference.guards.GuardSet`). A call evaluates the guards on the call's
 frame; when they hold, the same evaluation yields the graph inputs, the unit runs and AOT's
 output handling (aliases of inputs, of intermediates and of other outputs) is replayed to build
 the return value. Imports neither Dynamo nor Inductor.
@@ -19,8 +19,8 @@ from torchair.inference import _cache_store as store
 from torchair.inference._cache_io import (NotCacheable, build_output, graph_outputs,
                                           info_from_json, program_from_graph)
 from torchair.inference._graph_io import graph_from_json
-from torchair.inference._guard_eval import GuardSet, TensorMemo
 from torchair.base.gears import GearDim, GearTable, get_dim_gears
+from torchair.inference.guards import GuardSet, TensorMemo
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine

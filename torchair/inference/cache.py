@@ -49,7 +49,7 @@ from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_f
                                           tensor_stores)
 from torchair.inference._cache_runtime import Runtime
 from torchair.inference._graph_io import UnserializableGraph, graph_code, graph_to_json
-from torchair.inference._guard_eval import GuardSet, UnsupportedGuard
+from torchair.inference.guards import GuardSet, UnsupportedGuard
 from torchair.runtime import engines
 
 FORMAT = 2
@@ -336,7 +336,7 @@ class CachedFunction:
 
     # ------------------------------------------------------------------ cold
     def _cold(self, args: tuple, kwargs: dict, parts: dict, entry: Any) -> Any:
-        from torchair.inference import _guards
+        from torchair.inference.guards import record as _guards
 
         if entry is not None:
             _sweep(entry)
@@ -368,7 +368,7 @@ class CachedFunction:
 
     def _save(self, state: _ColdState, parts: dict, code: Any, before: set, args: tuple,
               kwargs: dict, result: Any) -> None:
-        from torchair.inference import _guards
+        from torchair.inference.guards import record as _guards
 
         try:
             if state.not_cacheable:
@@ -683,7 +683,7 @@ def _releasing(state: _ColdState) -> Iterator[None]:
 
 def _recording_backend(owner: CachedFunction, state: _ColdState) -> Callable:
     from torchair.core.backend import npu_backend
-    from torchair.inference import _guards
+    from torchair.inference.guards import record as _guards
 
     # floats stay inputs: the per-call checks read arguments, not attributes
     inner = npu_backend(owner.config, owner.decompositions, specialize_floats=False)

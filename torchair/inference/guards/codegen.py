@@ -1,6 +1,6 @@
 """The per-call check of a cached frame as one generated Python function.
 
-:meth:`GuardSet.check_arguments <torchair.inference._guard_eval.GuardSet.check_arguments>` runs
+:meth:`GuardSet.check_arguments <torchair.inference.guards.GuardSet.check_arguments>` runs
 on every call ``cache_compile`` serves. Its general form walks a list of getter steps and a tree
 of closures per guard: about a hundred small Python calls, each of which, in a decode loop, runs
 with the caches the step's weights evicted (``bench/README.md``). :func:`per_call_program`
@@ -8,29 +8,58 @@ turns the same checks into one straight-line function: every source read is a lo
 every guard one expression, the graph inputs one list display.
 
 Only the common case is generated: the per-call tensor guards' memo holds
-(:class:`~torchair.inference._guard_eval.TensorMemo`) and every check passes. Anything else (a
+(:class:`~torchair.inference.guards.tensors.TensorMemo`) and every check passes. Anything else (a
 guard that fails or raises, a memo that does not hold, a parameter dict without the key) makes
 the function return None and the caller runs the general check, which says why and remembers
 new tensors. So the generated function can only serve a call the general check would serve.
 
 No recorded text is compiled. The code is built from the guards' parsed trees after
-:func:`~torchair.inference._guard_eval.compile_expression` accepted them: names are ours
+:func:`~torchair.inference.guards.grammar.compile_expression` accepted them: names are ours
 (``v12``, ``k3``), every constant, key, type and function is bound by name in the function's
 namespace (which has no builtins), and attribute and method names are identifiers the grammar
 allowed. A tree with anything else is not generated (the general check keeps serving).
+
+The generator reads a guard set through the public per-call attributes of
+:class:`PerCallChecks` (``GuardSet`` has them; this module does not import it).
 """
 from __future__ import annotations
 
 import ast
 import keyword
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
-__all__ = ["per_call_program", "NotGenerated"]
+import torch
+
+from torchair.inference.guards.grammar import FUNCTIONS, METHODS, is_source
+from torchair.inference.guards.objects import ObjIs, TypeIs
+from torchair.inference.guards.sources import Globals, Sources
+from torchair.inference.guards.tensors import TensorMemo
+
+__all__ = ["ENV_CODEGEN", "NotGenerated", "PerCallChecks", "per_call_program"]
+
+# the per-call check as one generated function (0: its general form)
+ENV_CODEGEN = "TORCHAIR_GUARD_CODEGEN"
 
 
 class NotGenerated(Exception):
     """The checks use something the generator does not cover (the general check runs)."""
+
+
+class PerCallChecks(Protocol):
+    """What :func:`per_call_program` reads of a guard set after its ``watch_arguments``:
+    ``sources`` and the graph inputs' slots (``inputs``); ``per_call``, the tuple
+    ``(guards, source steps, dict inputs)``; ``memo``, the per-call tensor guards' memo;
+    ``untensored``, the per-call guards it does not imply (each with ``code``, ``type_of``,
+    ``obj``); ``tensor_dicts``, read by the generated function on every call (graph input ->
+    its module's parameter or buffer dict, replaced by each full check)."""
+
+    sources: Sources
+    inputs: list[int]
+    per_call: tuple | None
+    memo: TensorMemo | None
+    untensored: Sequence[Any]
+    tensor_dicts: dict[int, Any]
 
 
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -48,10 +77,9 @@ def _identifier(name: str) -> str:
 
 
 class _Writer:
-    def __init__(self, gs: Any) -> None:
-        from torchair.inference import _guard_eval as ge
+    """Writes the generated function's lines, binding every value they use by name."""
 
-        self.ge = ge
+    def __init__(self, gs: PerCallChecks) -> None:
         self.gs = gs
         self.sources = gs.sources
         self.names: dict[str, Any] = {"__builtins__": {}}
@@ -85,8 +113,7 @@ class _Writer:
 
     # ---------------------------------------------------------------- guard expressions
     def expr(self, node: ast.AST) -> str:
-        ge = self.ge
-        if ge._Compiler._is_source(node):
+        if is_source(node):
             slot = self.sources.index.get(ast.unparse(node))
             if slot is None:
                 raise NotGenerated(f"source {ast.unparse(node)}")
@@ -103,8 +130,6 @@ class _Writer:
         return self.bind(value)
 
     def _Attribute(self, node: ast.Attribute) -> str:
-        import torch
-
         value = getattr(torch, node.attr, None)
         if not (isinstance(node.value, ast.Name) and node.value.id == "torch"
                 and isinstance(value, torch.dtype)):
@@ -161,16 +186,16 @@ class _Writer:
         return f"({self.expr(node.body)} if {self.expr(node.test)} else {self.expr(node.orelse)})"
 
     def _Call(self, node: ast.Call) -> str:
-        ge, func = self.ge, node.func
+        func = node.func
         name = ast.unparse(func)
         if name == "check_no_aliasing" and not node.keywords:
             ids = ", ".join(f"{self.bind(id)}({self.expr(a)})" for a in node.args)
             return f"({self.bind(len)}({{{ids}}}) == {self.bind(len(node.args))})"
         if name == "___dict_contains" and len(node.args) == 2 and not node.keywords:
             return f"({self.expr(node.args[0])} in {self.expr(node.args[1])})"
-        if (isinstance(func, ast.Attribute) and func.attr in ge._METHODS
-                and ge._Compiler._is_source(func.value) and not node.keywords):
-            low, high = ge._METHODS[func.attr]
+        if (isinstance(func, ast.Attribute) and func.attr in METHODS
+                and is_source(func.value) and not node.keywords):
+            low, high = METHODS[func.attr]
             if not low <= len(node.args) <= high:
                 raise NotGenerated(f".{func.attr}()")
             args = ", ".join(self.expr(a) for a in node.args)
@@ -181,41 +206,41 @@ class _Writer:
             return f"{self.expr(func.value)}.item()"  # torch 2.11's float guard
         spec = self.spec
         if name == "___check_type_id" and len(node.args) == 2 and spec[0] is not None:
-            return f"{self.bind(ge.TypeIs(tuple(spec[0])), 't')}({self.expr(node.args[0])})"
+            return f"{self.bind(TypeIs(tuple(spec[0])), 't')}({self.expr(node.args[0])})"
         if name == "___check_obj_id" and len(node.args) == 2 and spec[1] is not None:
-            return f"{self.bind(ge.ObjIs(spec[1]), 'o')}({self.expr(node.args[0])})"
-        fn = ge._FUNCTIONS.get(name)
+            return f"{self.bind(ObjIs(spec[1]), 'o')}({self.expr(node.args[0])})"
+        fn = FUNCTIONS.get(name)
         if fn is None or node.keywords:
             raise NotGenerated(name)  # tensor checks, device(...), .item()
         return f"{self.bind(fn, 'f')}(" + ", ".join(self.expr(a) for a in node.args) + ")"
 
 
-def per_call_program(gs: Any) -> Callable[[dict, Any], list | None]:
+def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
     """The generated form of ``gs``'s per-call check (after ``watch_arguments``): a function of
     the frame and globals that returns the graph inputs, or None for "run the general check".
     Raises :class:`NotGenerated` when some check is outside what it covers."""
-    guards, steps, dict_inputs = gs._per_call
+    guards, steps, dict_inputs = gs.per_call
     w = _Writer(gs)
-    body = [f"v1 = G if {w.bind(type)}(G) is {w.bind(w.ge.Globals)} else "
-            f"{w.bind(w.ge.Globals)}(G)"]
+    body = [f"v1 = G if {w.bind(type)}(G) is {w.bind(Globals)} else "
+            f"{w.bind(Globals)}(G)"]
     body += [w.step(k) for k in steps]
-    memo = gs._memo
+    memo = gs.memo
     tests = []
     if memo.slots:
         args = ", ".join(f"v{slot}" for slot in memo.slots)
-        body += [f"check = {w.bind(memo, 'm')}._check",
+        body += [f"check = {w.bind(memo, 'm')}.check",
                  "if check is None:", "    return None"]
         tests.append(f"check({args})")
-    for guard in gs._untensored:
+    for guard in gs.untensored:
         w.spec = (guard.type_of, guard.obj)
         tests.append(w.expr(ast.parse(guard.code.strip(), mode="eval").body))
     for test in tests:
         body += [f"if not {test}:", "    return None"]
     if memo.slots:
-        body.append(f"{w.bind(memo, 'm')}._misses = 0")
+        body.append(f"{w.bind(memo, 'm')}.misses = 0")
     by_input = {k: key for k, _, key in dict_inputs}
     if dict_inputs:
-        body.append(f"d = {w.bind(gs, 'g')}._tensor_dicts")
+        body.append(f"d = {w.bind(gs, 'g')}.tensor_dicts")
     flat = [f"d[{w.bind(k)}][{w.bind(by_input[k], 'k')}]" if k in by_input else
             f"v{slot}" for k, slot in enumerate(gs.inputs)]
     body.append("return [" + ", ".join(flat) + "]")

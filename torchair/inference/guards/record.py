@@ -4,13 +4,16 @@ After the cold call, the frame's new Dynamo cache entry holds a tree of guard ma
 source: ``L['self']``, ``L['self'].n``, ``G['SCALE']``...) with leaf guards, plus the shape
 environment's guards at the root. :func:`harvest` walks it and returns JSON records
 ``{"kind", "source", "code": [...], "type"?, "obj"?, "advisory"?}`` that
-:class:`torchair.inference._guard_eval.GuardSet` checks on warm starts. A guard that cannot be
-checked in another process raises :class:`~torchair.inference._guard_eval.UnsupportedGuard`
-(the cold start then does not cache the function and warns with the guard's text).
+:class:`~torchair.inference.guards.guard_set.GuardSet` checks on warm starts. A guard that cannot
+be checked in another process raises :class:`~torchair.inference.guards.grammar.UnsupportedGuard`
+(the cold start then does not cache the function and warns with the guard's text). Kinds in
+:data:`ADVISORY_KINDS` (and a few guards implied by others) are recorded with the reason they
+are not enforced.
 
 Each record is also compiled and evaluated against the cold call's own frame: a guard that does
 not hold there means the evaluator and Dynamo disagree (or the function changed what it guards),
-and the function is not cached.
+and the function is not cached. :func:`side_effects` reads what else Dynamo would replay after the
+graph. Dynamo is imported only inside the functions that read it (a warm start never calls them).
 """
 from __future__ import annotations
 
@@ -18,12 +21,26 @@ import re
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 
 from torchair.core import function_modes
 from torchair.inference._cache_io import TENSOR_STORE
-from torchair.inference._guard_eval import (ADVISORY_KINDS, Globals, GuardSet, Sources,
-                                            UnsupportedGuard,
-                                            describe_object, global_state, source_slot)
+from torchair.inference.guards.grammar import UnsupportedGuard, source_slot
+from torchair.inference.guards.guard_set import GuardSet
+from torchair.inference.guards.objects import describe_object
+from torchair.inference.guards.sources import Globals, Sources
+from torchair.inference.guards.state import global_state
+
+__all__ = ["ADVISORY_KINDS", "entries", "harvest", "new_entry", "side_effects"]
+
+# Kinds recorded but not enforced, with why it is sound to skip them on a warm start.
+ADVISORY_KINDS = {
+    "DIMENSION_DYNAMIC_MARKING_GUARD":
+        "mark_static/mark_dynamic only steer how Dynamo would retrace; the sizes the graph "
+        "accepts are checked by the tensor and shape guards",
+    "GRAD_MODE": "cached graphs always run under torch.no_grad()",
+}
+_SAVED_HOOKS = "top_saved_tensors_hooks"  # AOT's ambient guard (autograd graphs only)
 
 _COMMENT = re.compile(r"\s+#.*$")
 # An identity check as Dynamo prints it: the call, then a type hint and a comment. torch 2.13
@@ -122,9 +139,6 @@ def _record(kind: str, source: str, parts: list[str], manager: Any, frame: dict,
     return rec
 
 
-_SAVED_HOOKS = "top_saved_tensors_hooks"
-
-
 # A guard on a mode of the stack, or on one attribute of it (`.base == 'cpu'`, read by the mode's
 # __torch_function__ while tracing).
 _MODE_SOURCE = re.compile(r"___get_torch_function_mode_stack_at\((\d+)\)(\.[A-Za-z_]\w*)?")
@@ -164,8 +178,6 @@ def _mode_stack() -> tuple[int, list[str]]:
 
 def _is_process_group(source: str, frame: dict, globals_: dict) -> bool:
     """Whether ``source`` is a ``torch.distributed.ProcessGroup`` in the cold call's frame."""
-    import torch.distributed as dist
-
     if not dist.is_available():
         return False
     sources = Sources()
