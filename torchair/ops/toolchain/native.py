@@ -12,7 +12,8 @@ into ``$TORCHAIR_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/torchair/kernels``, e
 ``~/.cache/torchair/kernels``). A *stem* ``<name>-<key>`` is hashed from the source, the flags,
 the compiler's version and this CPU's model and flags, so an edited kernel or another machine
 never loads a stale library. The directory must belong to the current user and be writable by
-nobody else (the checks of the ``cache_compile`` store); so must every file read from it.
+nobody else (the checks of ``torchair.base.files``, which the ``cache_compile`` store uses too);
+so must every file read from it.
 
 Files per stem, all mode 0600:
 
@@ -34,7 +35,7 @@ back the handle it already has for a path it loaded before in this process (same
 same bytes, so that handle is then the right one). Symlinks, non-regular files, files of
 another user or writable by others are refused, not rebuilt: the user must look. Temp files
 older than ``$TORCHAIR_CACHE_LEFTOVER_SECONDS`` (an hour) left by crashed builds are swept (see
-``torchair.inference._cache_store.sweep_leftovers``). A failed build is logged once as a warning
+``torchair.base.leftovers.sweep_leftovers``). A failed build is logged once as a warning
 with the compiler's message. ``TORCHAIR_NATIVE_KERNELS=0`` turns native kernels off.
 """
 from __future__ import annotations
@@ -56,6 +57,9 @@ import threading
 import time
 from typing import Iterable, Iterator
 
+from torchair.base.files import FILE_MODE, ensure_dir, fsync_dir, read_all
+from torchair.base.files import write_file_atomic as write_private
+from torchair.base.leftovers import sweep_leftovers
 from torchair.core.utils import env_switch, logger
 
 try:
@@ -77,7 +81,6 @@ CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fopenmp", "-fPIC", "-
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 _RECORD_FORMAT = "torchair.native_kernel"
 _RECORD_VERSION = 1
-_FILE_MODE = 0o600
 _lock = threading.Lock()
 
 
@@ -154,7 +157,6 @@ def _load(name: str, compiler: str, root: pathlib.Path, symbols: tuple[str, ...]
     key = hashlib.sha256(b"\0".join([text, " ".join(_command_flags(source)).encode(),
                                      version.encode(), cpu_signature().encode()])).hexdigest()[:20]
     try:
-        from torchair.inference._cache_store import ensure_dir
         directory = ensure_dir(root)
         stem = f"{name}-{key}"
         with _locked(directory / f"{stem}.lock"):
@@ -285,8 +287,6 @@ def _read_private(path: pathlib.Path) -> bytes | None:
         return None
     try:
         _check_file(path, os.fstat(fd))
-        from torchair.inference._cache_store import read_all
-
         return read_all(fd)
     finally:
         os.close(fd)
@@ -363,8 +363,6 @@ def _build(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Pa
            stem: str) -> pathlib.Path:
     """Compile ``source`` into ``<stem>-<sha16>.so`` (replacing whatever ``stem`` had), durably:
     temp file, fsync, rename, directory fsync, then the record the same way. Returns the path."""
-    from torchair.inference._cache_store import _fsync_dir
-
     _remove(directory, stem)
     tmp = directory / f".tmp-{stem}-{secrets.token_hex(6)}.so"
     cmd = [compiler, *_command_flags(source), os.fspath(source), "-o", os.fspath(tmp),
@@ -380,7 +378,7 @@ def _build(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Pa
         digest = hashlib.sha256(data).hexdigest()
         path = directory / f"{stem}-{digest[:16]}.so"
         os.replace(tmp, path)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -398,7 +396,7 @@ def _sync_output(tmp: pathlib.Path) -> bytes:
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             raise RuntimeError(f"the C compiler left no library in {os.fspath(tmp)!r} (an empty "
                                f"or non-regular file); check the compiler ($CC)")
-        os.fchmod(fd, _FILE_MODE)
+        os.fchmod(fd, FILE_MODE)
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -413,27 +411,11 @@ def _write_record(directory: pathlib.Path, stem: str, record: dict) -> None:
     write_private(directory / f"{stem}.json", json.dumps(record, indent=1, sort_keys=True).encode())
 
 
-def write_private(path: pathlib.Path, data: bytes) -> None:
-    """Write ``path`` in the cache atomically and durably, mode 0600, never through a planted
-    file or link (the data goes to a new ``.tmp-`` file, swept if this process dies, then is
-    renamed into place)."""
-    from torchair.inference._cache_store import _fsync_dir, _write_file
-
-    tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(6)}")
-    try:
-        _write_file(tmp, data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-    _fsync_dir(path.parent)
-
-
 @contextlib.contextmanager
 def _locked(path: pathlib.Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created 0600): one process checks, builds and
     loads a stem at a time, so concurrent first uses build once."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, _FILE_MODE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, FILE_MODE)
     try:
         _check_file(path, os.fstat(fd))
         if fcntl is not None:
@@ -445,8 +427,6 @@ def _locked(path: pathlib.Path) -> Iterator[None]:
 
 def _sweep(directory: pathlib.Path) -> None:
     """Remove temp files of crashed builds (old ``.tmp-*``); a failure only costs disk space."""
-    from torchair.inference._cache_store import sweep_leftovers
-
     try:
         sweep_leftovers(directory)
     except (OSError, ValueError) as exc:
