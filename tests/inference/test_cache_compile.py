@@ -441,8 +441,8 @@ def test_mark_static_without_dynamo_is_applied_when_tracing(tmp_path):
         torchair.inference.mark_static(x)
         assert "torch._dynamo" not in sys.modules
         assert not hasattr(x, "_dynamo_static_indices")
-        from torchair.inference.cache import _apply_static_marks
-        _apply_static_marks((x,), {})
+        from torchair.inference._cache_args import apply_static_marks
+        apply_static_marks((x,), {})
         assert x._dynamo_static_indices == {0, 1}
         print("OK")
     ''')

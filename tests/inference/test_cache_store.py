@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from torchair.inference import _cache_read as cache_read
 from torchair.inference import _cache_store as cs
 from torchair.inference._cache_store import BrokenCacheError, UnsafeCacheError
 
@@ -157,14 +158,24 @@ _CHILD = textwrap.dedent(
     """
     import importlib.util, logging, os, pathlib, sys, time, types
     # Load the store alone: importing the torchair package would import torch (seconds).
-    for name in ("torchair", "torchair.core"):
+    for name in ("torchair", "torchair.base", "torchair.core", "torchair.inference"):
         sys.modules[name] = types.ModuleType(name)
     utils = types.ModuleType("torchair.core.utils")
     utils.logger = logging.getLogger("torchair")
     sys.modules["torchair.core.utils"] = utils
-    spec = importlib.util.spec_from_file_location("_cache_store", sys.argv[1])
-    cs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cs)
+
+    def load_file(name, path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    store = pathlib.Path(sys.argv[1])  # torchair/inference/_cache_store.py
+    for name in ("base/files", "base/leftovers", "inference/_cache_manifest",
+                 "inference/_cache_read", "inference/_cache_tensors"):
+        load_file("torchair." + name.replace("/", "."), store.parents[1] / f"{name}.py")
+    cs = load_file("torchair.inference._cache_store", store)
     root, ready, go, who = map(pathlib.Path, sys.argv[2:6])
     ready.touch()
     while not go.exists():
@@ -492,8 +503,8 @@ def test_fifo_swapped_in_after_the_check_does_not_block(root, monkeypatch):
     cs.write_entry(entry, FILES)
     (entry / "meta.json").unlink()
     _make_fifo(entry / "meta.json")
-    monkeypatch.setattr(cs, "_lstat_regular", lambda *args: None)
-    monkeypatch.setattr(cs, "_list_entry", lambda entry_dir, fd: {
+    monkeypatch.setattr(cache_read, "_lstat_regular", lambda *args: None)
+    monkeypatch.setattr(cache_read, "_list_entry", lambda entry_dir, fd: {
         name: "regular file" for name in os.listdir(entry_dir)})
     outcome = _read_in_thread(entry)
     assert isinstance(outcome.get("error"), BrokenCacheError), outcome

@@ -4,8 +4,8 @@ durable.
 
 Every test builds a tiny ``probe.c`` into its own ``TORCHAIR_KERNEL_CACHE``. A damaged library is
 loaded in a child process: should the checks regress, ``dlopen`` of a truncated file kills the
-child with SIGBUS, not pytest. The child loads ``_native`` and the store alone (no torch import),
-so it starts in a fraction of a second.
+child with SIGBUS, not pytest. The child loads ``_native`` and its file helpers alone (no torch
+import), so it starts in a fraction of a second.
 """
 import hashlib
 import json
@@ -21,7 +21,6 @@ import textwrap
 
 import pytest
 
-from torchair.inference import _cache_store
 from torchair.ops.toolchain import native as _native
 
 pytestmark = pytest.mark.skipif(
@@ -43,20 +42,22 @@ _CHILD = textwrap.dedent(
         spec.loader.exec_module(module)
         return module
 
-    # _native and the store alone: importing the torchair package would import torch (seconds)
-    for name in ("torchair", "torchair.core", "torchair.inference", "torchair.ops"):
+    # _native and the file helpers alone: importing the torchair package would import torch
+    for name in ("torchair", "torchair.base", "torchair.core", "torchair.ops"):
         sys.modules[name] = types.ModuleType(name)
     logger = logging.getLogger("torchair")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
+    package = pathlib.Path(sys.argv[1]).parents[2]  # torchair/ops/toolchain/native.py
     # torchair.core.utils imports only the standard library; it keeps the handler set above
-    load_file("torchair.core.utils", pathlib.Path(sys.argv[1]).parents[1] / "core" / "utils.py")
-    load_file("torchair.inference._cache_store", sys.argv[1])
-    native = load_file("torchair.ops.toolchain.native", sys.argv[2])
-    native._SRC_DIR = pathlib.Path(sys.argv[3])
-    lib = native.load("probe", symbols=tuple(sys.argv[4:]))
+    load_file("torchair.core.utils", package / "core" / "utils.py")
+    load_file("torchair.base.files", package / "base" / "files.py")
+    load_file("torchair.base.leftovers", package / "base" / "leftovers.py")
+    native = load_file("torchair.ops.toolchain.native", sys.argv[1])
+    native._SRC_DIR = pathlib.Path(sys.argv[2])
+    lib = native.load("probe", symbols=tuple(sys.argv[3:]))
     result = {"loaded": lib is not None}
     if lib is not None:
         result["path"] = lib._name
@@ -83,8 +84,8 @@ def kernels(tmp_path, monkeypatch):
 
 def _child(cache: pathlib.Path, *symbols: str, wait: bool = True):
     """Load ``probe`` (requiring ``symbols``) in a fresh process: (returncode, result, stderr)."""
-    args = [sys.executable, "-c", _CHILD, _cache_store.__file__, _native.__file__,
-            os.fspath(_native._SRC_DIR), *symbols]
+    args = [sys.executable, "-c", _CHILD, _native.__file__, os.fspath(_native._SRC_DIR),
+            *symbols]
     env = {**os.environ, _native.ENV_CACHE: os.fspath(cache)}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)

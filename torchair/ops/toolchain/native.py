@@ -12,7 +12,8 @@ into ``$TORCHAIR_KERNEL_CACHE`` (default ``$XDG_CACHE_HOME/torchair/kernels``, e
 ``~/.cache/torchair/kernels``). A *stem* ``<name>-<key>`` is hashed from the source, the flags,
 the compiler's version and this CPU's model and flags, so an edited kernel or another machine
 never loads a stale library. The directory must belong to the current user and be writable by
-nobody else (the checks of the ``cache_compile`` store); so must every file read from it.
+nobody else (the checks of ``torchair.base.files``, which the ``cache_compile`` store uses too);
+so must every file read from it.
 
 Files per stem, all mode 0600:
 
@@ -34,7 +35,7 @@ back the handle it already has for a path it loaded before in this process (same
 same bytes, so that handle is then the right one). Symlinks, non-regular files, files of
 another user or writable by others are refused, not rebuilt: the user must look. Temp files
 older than ``$TORCHAIR_CACHE_LEFTOVER_SECONDS`` (an hour) left by crashed builds are swept (see
-``torchair.inference._cache_store.sweep_leftovers``). A failed build is logged once as a warning
+``torchair.base.leftovers.sweep_leftovers``). A failed build is logged once as a warning
 with the compiler's message. ``TORCHAIR_NATIVE_KERNELS=0`` turns native kernels off.
 """
 from __future__ import annotations
@@ -56,6 +57,9 @@ import threading
 import time
 from typing import Iterable, Iterator
 
+from torchair.base.files import FILE_MODE, ensure_dir, fsync_dir, read_all
+from torchair.base.files import write_file_atomic as write_private
+from torchair.base.leftovers import sweep_leftovers
 from torchair.base.log import env_switch, logger
 
 try:
@@ -64,7 +68,7 @@ except ImportError:  # not POSIX: builds are still atomic, only not deduplicated
     fcntl = None
 
 __all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "abi_number", "cache_dir",
-           "cpu_signature", "enabled", "load", "locked", "read_private", "write_private"]
+           "cpu_signature", "enabled", "load", "write_private"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
@@ -77,7 +81,6 @@ CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fopenmp", "-fPIC", "-
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
 _RECORD_FORMAT = "torchair.native_kernel"
 _RECORD_VERSION = 1
-_FILE_MODE = 0o600
 _lock = threading.Lock()
 
 
@@ -154,10 +157,9 @@ def _load(name: str, compiler: str, root: pathlib.Path, symbols: tuple[str, ...]
     key = hashlib.sha256(b"\0".join([text, " ".join(_command_flags(source)).encode(),
                                      version.encode(), cpu_signature().encode()])).hexdigest()[:20]
     try:
-        from torchair.inference._cache_store import ensure_dir
         directory = ensure_dir(root)
         stem = f"{name}-{key}"
-        with locked(directory / f"{stem}.lock"):
+        with _locked(directory / f"{stem}.lock"):
             _sweep(directory)
             return _load_checked(name, compiler, source, directory, stem, symbols)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -274,7 +276,7 @@ def cpu_signature() -> str:
 # the cached files: checked before dlopen, written durably
 
 
-def read_private(path: pathlib.Path) -> bytes | None:
+def _read_private(path: pathlib.Path) -> bytes | None:
     """The bytes of ``path``, None when absent. Looked at with ``lstat`` before opening (never
     through a symlink, never a FIFO or device) and checked again on the open file; it must be a
     regular file of the current user writable by nobody else (RuntimeError otherwise)."""
@@ -285,8 +287,6 @@ def read_private(path: pathlib.Path) -> bytes | None:
         return None
     try:
         _check_file(path, os.fstat(fd))
-        from torchair.inference._cache_store import read_all
-
         return read_all(fd)
     finally:
         os.close(fd)
@@ -302,7 +302,7 @@ def _cached_library(directory: pathlib.Path, stem: str) -> pathlib.Path | None:
     """The cached library of ``stem`` once its size and sha256 match its record; None when
     nothing is cached. Raises ``_Damaged`` (rebuild) or RuntimeError (unsafe file: refuse)."""
     record_path = directory / f"{stem}.json"
-    raw = read_private(record_path)
+    raw = _read_private(record_path)
     if raw is None:
         orphans = _libraries(directory, stem)
         if orphans:
@@ -311,7 +311,7 @@ def _cached_library(directory: pathlib.Path, stem: str) -> pathlib.Path | None:
         return None
     record = _parse_record(record_path, raw, stem)
     path = directory / record["library"]
-    data = read_private(path)
+    data = _read_private(path)
     if data is None:
         raise _Damaged(path, f"missing, though {record_path.name} names it")
     if len(data) != record["size"]:
@@ -363,8 +363,6 @@ def _build(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Pa
            stem: str) -> pathlib.Path:
     """Compile ``source`` into ``<stem>-<sha16>.so`` (replacing whatever ``stem`` had), durably:
     temp file, fsync, rename, directory fsync, then the record the same way. Returns the path."""
-    from torchair.inference._cache_store import _fsync_dir
-
     _remove(directory, stem)
     tmp = directory / f".tmp-{stem}-{secrets.token_hex(6)}.so"
     cmd = [compiler, *_command_flags(source), os.fspath(source), "-o", os.fspath(tmp),
@@ -380,7 +378,7 @@ def _build(name: str, compiler: str, source: pathlib.Path, directory: pathlib.Pa
         digest = hashlib.sha256(data).hexdigest()
         path = directory / f"{stem}-{digest[:16]}.so"
         os.replace(tmp, path)
-        _fsync_dir(directory)
+        fsync_dir(directory)
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
@@ -398,7 +396,7 @@ def _sync_output(tmp: pathlib.Path) -> bytes:
         if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
             raise RuntimeError(f"the C compiler left no library in {os.fspath(tmp)!r} (an empty "
                                f"or non-regular file); check the compiler ($CC)")
-        os.fchmod(fd, _FILE_MODE)
+        os.fchmod(fd, FILE_MODE)
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
@@ -413,27 +411,11 @@ def _write_record(directory: pathlib.Path, stem: str, record: dict) -> None:
     write_private(directory / f"{stem}.json", json.dumps(record, indent=1, sort_keys=True).encode())
 
 
-def write_private(path: pathlib.Path, data: bytes) -> None:
-    """Write ``path`` in the cache atomically and durably, mode 0600, never through a planted
-    file or link (the data goes to a new ``.tmp-`` file, swept if this process dies, then is
-    renamed into place)."""
-    from torchair.inference._cache_store import _fsync_dir, _write_file
-
-    tmp = path.with_name(f".tmp-{path.name}-{secrets.token_hex(6)}")
-    try:
-        _write_file(tmp, data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-    _fsync_dir(path.parent)
-
-
 @contextlib.contextmanager
-def locked(path: pathlib.Path) -> Iterator[None]:
+def _locked(path: pathlib.Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created 0600): one process checks, builds and
     loads a stem at a time, so concurrent first uses build once."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, _FILE_MODE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, FILE_MODE)
     try:
         _check_file(path, os.fstat(fd))
         if fcntl is not None:
@@ -445,8 +427,6 @@ def locked(path: pathlib.Path) -> Iterator[None]:
 
 def _sweep(directory: pathlib.Path) -> None:
     """Remove temp files of crashed builds (old ``.tmp-*``); a failure only costs disk space."""
-    from torchair.inference._cache_store import sweep_leftovers
-
     try:
         sweep_leftovers(directory)
     except (OSError, ValueError) as exc:
