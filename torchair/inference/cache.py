@@ -11,7 +11,7 @@ state, plus the unit's own checks of every input (``$TORCHAIR_CACHE_GUARDS=all``
 every call, so that a call that passes is one Dynamo would have served from the traced graph). A
 call that fails a check is compiled with Dynamo (warning once, naming the guard), never run on the
 cached graph. What ``arguments`` does not see after the first call (module attributes and globals
-changed by plain assignment, submodules reordered in their container) is listed in the README. A guard that cannot be checked in another process makes the function uncacheable
+changed by plain assignment, submodules reordered in their container) is listed in docs/cache_compile.md. A guard that cannot be checked in another process makes the function uncacheable
 (compiled as usual, with a warning naming that guard). Calls run under ``torch.no_grad()``, as in
 TorchAir. What Dynamo's code does after the graph is done again after each call when it can be:
 constants set on existing objects, and tensors stored on modules' attributes (set to the call's

@@ -68,7 +68,7 @@ except ImportError:  # not POSIX: builds are still atomic, only not deduplicated
     fcntl = None
 
 __all__ = ["CXX_FLAGS", "ENV_DISABLE", "ENV_CACHE", "FLAGS", "abi_number", "cache_dir",
-           "cpu_signature", "enabled", "load", "write_private"]
+           "cpu_signature", "enabled", "load", "locked", "read_private", "write_private"]
 
 ENV_DISABLE = "TORCHAIR_NATIVE_KERNELS"
 ENV_CACHE = "TORCHAIR_KERNEL_CACHE"
@@ -159,7 +159,7 @@ def _load(name: str, compiler: str, root: pathlib.Path, symbols: tuple[str, ...]
     try:
         directory = ensure_dir(root)
         stem = f"{name}-{key}"
-        with _locked(directory / f"{stem}.lock"):
+        with locked(directory / f"{stem}.lock"):
             _sweep(directory)
             return _load_checked(name, compiler, source, directory, stem, symbols)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
@@ -276,7 +276,7 @@ def cpu_signature() -> str:
 # the cached files: checked before dlopen, written durably
 
 
-def _read_private(path: pathlib.Path) -> bytes | None:
+def read_private(path: pathlib.Path) -> bytes | None:
     """The bytes of ``path``, None when absent. Looked at with ``lstat`` before opening (never
     through a symlink, never a FIFO or device) and checked again on the open file; it must be a
     regular file of the current user writable by nobody else (RuntimeError otherwise)."""
@@ -302,7 +302,7 @@ def _cached_library(directory: pathlib.Path, stem: str) -> pathlib.Path | None:
     """The cached library of ``stem`` once its size and sha256 match its record; None when
     nothing is cached. Raises ``_Damaged`` (rebuild) or RuntimeError (unsafe file: refuse)."""
     record_path = directory / f"{stem}.json"
-    raw = _read_private(record_path)
+    raw = read_private(record_path)
     if raw is None:
         orphans = _libraries(directory, stem)
         if orphans:
@@ -311,7 +311,7 @@ def _cached_library(directory: pathlib.Path, stem: str) -> pathlib.Path | None:
         return None
     record = _parse_record(record_path, raw, stem)
     path = directory / record["library"]
-    data = _read_private(path)
+    data = read_private(path)
     if data is None:
         raise _Damaged(path, f"missing, though {record_path.name} names it")
     if len(data) != record["size"]:
@@ -412,7 +412,7 @@ def _write_record(directory: pathlib.Path, stem: str, record: dict) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: pathlib.Path) -> Iterator[None]:
+def locked(path: pathlib.Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created 0600): one process checks, builds and
     loads a stem at a time, so concurrent first uses build once."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, FILE_MODE)
