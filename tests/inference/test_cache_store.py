@@ -158,11 +158,11 @@ _CHILD = textwrap.dedent(
     """
     import importlib.util, logging, os, pathlib, sys, time, types
     # Load the store alone: importing the torchair package would import torch (seconds).
-    for name in ("torchair", "torchair.base", "torchair.core", "torchair.inference"):
+    for name in ("torchair", "torchair.base", "torchair.inference"):
         sys.modules[name] = types.ModuleType(name)
-    utils = types.ModuleType("torchair.core.utils")
-    utils.logger = logging.getLogger("torchair")
-    sys.modules["torchair.core.utils"] = utils
+    log = types.ModuleType("torchair.base.log")
+    log.logger = logging.getLogger("torchair")
+    sys.modules["torchair.base.log"] = log
 
     def load_file(name, path):
         spec = importlib.util.spec_from_file_location(name, path)

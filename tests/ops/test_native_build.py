@@ -43,7 +43,7 @@ _CHILD = textwrap.dedent(
         return module
 
     # _native and the file helpers alone: importing the torchair package would import torch
-    for name in ("torchair", "torchair.base", "torchair.core", "torchair.ops"):
+    for name in ("torchair", "torchair.base", "torchair.ops"):
         sys.modules[name] = types.ModuleType(name)
     logger = logging.getLogger("torchair")
     handler = logging.StreamHandler(sys.stderr)
@@ -51,8 +51,8 @@ _CHILD = textwrap.dedent(
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     package = pathlib.Path(sys.argv[1]).parents[2]  # torchair/ops/toolchain/native.py
-    # torchair.core.utils imports only the standard library; it keeps the handler set above
-    load_file("torchair.core.utils", package / "core" / "utils.py")
+    # torchair.base.log imports only the standard library; it keeps the handler set above
+    load_file("torchair.base.log", package / "base" / "log.py")
     load_file("torchair.base.files", package / "base" / "files.py")
     load_file("torchair.base.leftovers", package / "base" / "leftovers.py")
     native = load_file("torchair.ops.toolchain.native", sys.argv[1])
