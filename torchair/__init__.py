@@ -16,6 +16,8 @@ import warnings
 from typing import Any, Callable
 
 from torchair import inference, ops, scope
+from torchair.base.log import logger
+from torchair.base.parity import unsupported_reason
 from torchair.base.version import VERSION
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.plan.report import GraphReport, graph_reports
@@ -43,8 +45,6 @@ def __getattr__(name: str):
         return value
     if name in _LAZY_MODULES:
         return importlib.import_module(f"torchair.{name}")  # the import binds the attribute
-    from torchair.base.parity import unsupported_reason
-
     reason = unsupported_reason(f"torchair.{name}")
     if reason is not None:
         raise AttributeError(f"torchair.{name} is not supported by this torchair: {reason}")
@@ -86,8 +86,6 @@ def register_fx_node_ge_converter(aten_op: Any) -> Callable[[Callable], Callable
         if not callable(converter):
             raise TypeError(f"register_fx_node_ge_converter({aten_op}): the converter must be "
                             f"callable, got {type(converter).__name__}")
-        from torchair.base.log import logger
-
         logger.info("register_fx_node_ge_converter(%s): GE converters are not used by torchair "
                     "(no GE graph); the op runs through its PyTorch kernels", aten_op)
         return converter

@@ -48,6 +48,8 @@ from torchair.ops.activation import swiglu as _swiglu  # noqa: F401 (registers)
 from torchair.ops._events import (TaggedEvent, npu_create_tagged_event, npu_record_tagged_stream,
                                   npu_tagged_event_record, npu_tagged_event_wait, record, wait)
 from torchair.ops._print import npu_print
+from torchair import scope
+from torchair.base.parity import unsupported_reason
 from torchair.base.registry import get_value_dependent, value_dependent_ops
 
 # the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend;
@@ -78,15 +80,11 @@ globals().update({_name: _GRAPH_FORMS.get(_name) or getattr(torch.ops.npu, _name
 
 
 def __getattr__(name: str):
-    # TorchAir's older names; scope imports the op library, so they are looked up on first use
+    # TorchAir's older names of the scope functions
     legacy = {"npu_wait_tensor": "npu_wait_tensor", "NpuStreamSwitch": "npu_stream_switch",
               "SuperKernelScope": "super_kernel"}
     if name in legacy:
-        from torchair import scope
-
         return getattr(scope, legacy[name])
-    from torchair.base.parity import unsupported_reason
-
     reason = unsupported_reason(f"torchair.ops.{name}")
     if reason is not None:
         raise AttributeError(f"torchair.ops.{name} is not supported by this torchair: {reason}")

@@ -29,6 +29,7 @@ import torch
 
 from torchair.base.log import logger
 from torchair.base.registry import define_op
+from torchair.scope._stream_runtime import CudaStreams
 
 __all__ = ["TaggedEvent", "npu_create_tagged_event", "npu_record_tagged_stream",
            "npu_tagged_event_record", "npu_tagged_event_wait", "record", "wait"]
@@ -127,8 +128,6 @@ def _tagged_stream(tag: str, device: torch.device) -> Any:
     """The CUDA stream named ``tag`` on ``device`` (``"default"``: the current stream)."""
     if tag == DEFAULT_STREAM_TAG:
         return torch.cuda.current_stream(device)
-    from torchair.scope._stream_runtime import CudaStreams
-
     return CudaStreams(device).stream(tag, 0)
 
 
