@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torchair
 from torchair.demo import run as _run
 from torchair.demo._progress import Bar
-from torchair.demo._roofline import read_bandwidth
+from torchair.demo.roofline import read_bandwidth
 from torchair.demo.model import DemoConfig, Decoder, PagedKVCache, shard
 
 __all__ = ["launch", "worker"]
