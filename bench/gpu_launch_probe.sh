@@ -31,5 +31,5 @@ fi
 # the check's child, in the foreground of a debugger: where the throw goes wrong
 TORCHAIR_LAUNCH_PROBE=${verdict%.errors} timeout 240 "$debugger" -batch -ex run -ex bt \
     -ex "info sharedlibrary" --args "$(python3 -c 'import sys; print(sys.executable)')" -c \
-    "from torchair.ops.attention.cpu import launch; launch._probe()" 2>&1 | tail -n 80
+    "from torchair.ops.attention.cpu import launch; launch.probe()" 2>&1 | tail -n 80
 exit 1
