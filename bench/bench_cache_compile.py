@@ -2,8 +2,9 @@
 
 The model is the benches' decoder step (:class:`bench.model.DecoderStep`; path 4:
 ``dynamic=True``, every tensor ``mark_static``, tiling sink; the default Inductor engine), its
-decode method wrapped with ``torchair.inference.cache_compile``. Start-up is timed in separate processes, from launching the
-interpreter to the first output printed by the child (so imports count):
+decode method wrapped with ``torchair.inference.cache_compile``. Start-up is timed in separate
+processes, from launching the interpreter to the first output printed by the child (so imports
+count; the child imports torch, torchair and :mod:`bench.model`, nothing else of ``bench``):
 
 * ``cold``: empty cache directory (Dynamo trace, AOT, passes, Inductor compile, save);
 * ``warm``: the entry the cold run saved (no Dynamo: the recorded guards are checked by

@@ -1,11 +1,12 @@
 """Tensor parallel decode step: TP=2 against TP=1 per-step latency on CPU (gloo).
 
 The model is the benches' decoder step (:mod:`bench.model`: its ``DecoderStep``, weights and
-inputs, as ``bench_decode_step`` times it), split Megatron-style for TP=2: q/k/v column-parallel (each rank gets half the query heads and
-half the KV heads, contiguous, so GQA's head grouping stays on one rank), o row-parallel +
-``all_reduce``; gate/up column-parallel, down row-parallel + ``all_reduce`` (two all_reduces
-per layer); each rank's KV caches hold its own KV heads. Norms are replicated. TP=1 is the
-unsplit ``DecoderStep``.
+inputs, as ``bench_decode_step`` times it), split Megatron-style for TP=2: q/k/v
+column-parallel (each rank gets half the query heads and half the KV heads, contiguous, so GQA's
+head grouping stays on one rank), o row-parallel + ``all_reduce``; gate/up column-parallel, down
+row-parallel + ``all_reduce`` (two all_reduces per layer); each rank's KV caches hold its own KV
+heads. Norms are replicated. TP=1 is the unsplit ``DecoderStep``; a shard (:class:`TPLayer`,
+:class:`TPStep`) runs the same forward, its :meth:`TPLayer.all_reduce` being the real one.
 
 The script starts its own 2-rank gloo world (``torch.multiprocessing`` spawn); every rank runs
 with **one torch thread** (``torch.set_num_threads(1)``), so TP=1 uses one core and TP=2 one

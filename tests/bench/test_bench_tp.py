@@ -1,6 +1,6 @@
-"""``python -m bench.bench_tp --quick`` runs its own 2-rank gloo world (bounded) and saves every row: TP=1
-and TP=2, eager and torchair, plus the all_reduce and no-reduce diagnostics; TP=2 and TP=1
-torchair were checked against TP=1 eager before timing. Nothing about speed is asserted."""
+"""``python -m bench.bench_tp --quick`` runs its own 2-rank gloo world (bounded) and saves every
+row: TP=1 and TP=2, eager and torchair, plus the all_reduce and no-reduce diagnostics; TP=2 and
+TP=1 torchair were checked against TP=1 eager before timing. Nothing about speed is asserted."""
 from __future__ import annotations
 
 import json
