@@ -337,4 +337,9 @@ def _json_default(obj: Any) -> Any:
 
 
 def command_line() -> str:
+    """The command that started this process, as typed: ``python -m bench.<module> ...`` for a
+    module run with ``-m`` (``sys.argv[0]`` is then the module's file path)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return " ".join([Path(sys.executable).name, "-m", spec.name] + sys.argv[1:])
     return " ".join([Path(sys.executable).name] + sys.argv)

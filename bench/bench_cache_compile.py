@@ -1,9 +1,10 @@
 """cache_compile: time from process start to first output, cold vs warm, and per-call overhead.
 
-The model is ``bench_decode_step.DecoderStep`` (path 4: ``dynamic=True``, every tensor
-``mark_static``, tiling sink; the default Inductor engine), its decode method wrapped with
-``torchair.inference.cache_compile``. Start-up is timed in separate processes, from launching the
-interpreter to the first output printed by the child (so imports count):
+The model is the benches' decoder step (:class:`bench.model.DecoderStep`; path 4:
+``dynamic=True``, every tensor ``mark_static``, tiling sink; the default Inductor engine), its
+decode method wrapped with ``torchair.inference.cache_compile``. Start-up is timed in separate
+processes, from launching the interpreter to the first output printed by the child (so imports
+count; the child imports torch, torchair and :mod:`bench.model`, nothing else of ``bench``):
 
 * ``cold``: empty cache directory (Dynamo trace, AOT, passes, Inductor compile, save);
 * ``warm``: the entry the cold run saved (no Dynamo: the recorded guards are checked by
@@ -19,8 +20,8 @@ make code generation disappear. Per-call overhead is measured in the first warm 
 eager, plain ``torch.compile`` with the torchair backend (Dynamo guards on every call) and the
 warm ``cache_compile`` call, in interleaved rounds with new lengths every call.
 
-    python bench/bench_cache_compile.py --quick      # ~3 min on 2 CPU cores
-    python bench/bench_cache_compile.py
+    python -m bench.bench_cache_compile --quick      # ~3 min on 2 CPU cores
+    python -m bench.bench_cache_compile
 """
 from __future__ import annotations
 
@@ -32,26 +33,25 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+# The child imports only what a user's process would (torch, torchair, the model), inside
+# _child: its imports are part of the start-up it times.
 
 
 def _child(args: argparse.Namespace) -> None:
     import torch
 
-    import bench_decode_step as D
     import torchair
+    from bench.model import DecoderStep, ModelConfig
 
     torch.manual_seed(0)
-    cfg = D.ModelConfig(layers=args.layers, hidden=args.hidden, heads=8, kv_heads=2,
-                        intermediate=3 * args.hidden, capacity=args.capacity)
+    cfg = ModelConfig(layers=args.layers, hidden=args.hidden, heads=8, kv_heads=2,
+                      intermediate=3 * args.hidden, capacity=args.capacity)
 
     class Cached(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.step = D.DecoderStep(cfg)
+            self.step = DecoderStep(cfg)
             config = torchair.CompilerConfig()
             config.experimental_config.tiling_schedule_optimize = True
             self.cached = torchair.inference.cache_compile(
@@ -177,7 +177,7 @@ def _overhead(model, x, pos, ks, vs, args) -> dict:
 
 def _launch(args: argparse.Namespace, cache_dir: str, ge_cache: bool, overhead: bool,
             inductor_dir: str, dynamic: bool = False, batch: int = 2) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--cache-dir", cache_dir,
+    cmd = [sys.executable, "-m", "bench.bench_cache_compile", "--child", "--cache-dir", cache_dir,
            "--layers", str(args.layers), "--hidden", str(args.hidden),
            "--capacity", str(args.capacity), "--rounds", str(args.rounds),
            "--calls", str(args.calls), "--batch", str(batch)]
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.warm_runs, args.rounds, args.calls = 1, 3, 20
 
-    import _harness as H
+    from bench import _harness as H  # here, not at the top: the child must not import it
 
     info = H.machine_info("cpu")
     print(H.format_machine(info))

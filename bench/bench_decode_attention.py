@@ -21,29 +21,26 @@ with the kernel's. Copy bandwidth: ``dst.copy_(src)`` of a 256 MiB tensor, bytes
 Read bandwidth: ``src.sum()`` of the same tensor, bytes = size (a decode kernel only reads, and
 on a few CPU cores reading alone is slower than the copy's read + streamed write).
 
-    python bench/bench_decode_attention.py --quick       # smoke run, < 60 s on 2 CPU cores
-    python bench/bench_decode_attention.py               # full grid, ~6 min on 2 CPU cores
-    python bench/bench_decode_attention.py --profile     # + torch.profiler of B=8, 32k
+    python -m bench.bench_decode_attention --quick       # smoke run, < 60 s on 2 CPU cores
+    python -m bench.bench_decode_attention               # full grid, ~6 min on 2 CPU cores
+    python -m bench.bench_decode_attention --profile     # + torch.profiler of B=8, 32k
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H
 
 import torchair.ops  # noqa: F401  (registers the kernels)
 from torchair.ops.attention import decode as _decode
 from torchair.ops.attention.cpu import native as _decode_native
 from torchair.ops.toolchain import native as _native
+
+from bench import _harness as H
 
 HEADS, KV_HEADS, DIM = 32, 4, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -122,7 +119,7 @@ def run_config(device, dtype, batch, length, rounds, budget_s, gen):
     scale = 1 / math.sqrt(DIM)
     row = {"device": device, "dtype": str(dtype).replace("torch.", ""), "batch": batch,
            "kv_len": length, "bytes": batch * KV_HEADS * length * DIM * 2 * k.element_size()}
-    has_kernel = device in _decode._kernels
+    has_kernel = _decode.registered_decode_kernel(device) is not None
     variants = {}
     if has_kernel:
         variants["kernel"] = lambda _: _decode.decode_attention(q, k, v, lengths=lengths,
@@ -139,7 +136,7 @@ def run_config(device, dtype, batch, length, rounds, budget_s, gen):
     variants["sdpa"] = lambda _: F.scaled_dot_product_attention(qs, ks, vs, attn_mask=ms,
                                                                 scale=scale, enable_gqa=gqa) \
         if gqa else F.scaled_dot_product_attention(qs, ks, vs, attn_mask=ms, scale=scale)
-    row["kernel_name"] = getattr(_decode._kernels.get(device), "__name__", None)
+    row["kernel_name"] = getattr(_decode.registered_decode_kernel(device), "__name__", None)
     if device == "cpu":
         row["native"] = _decode_native.available()
 
@@ -257,7 +254,7 @@ def main(argv=None):
             info["gemm_GFLOPs"] = gemm_rates(device)
             print(f"{device}: matmul GFLOP/s " + ", ".join(
                 f"{k} {v:.0f}" for k, v in info["gemm_GFLOPs"].items()))
-        if device not in _decode._kernels:
+        if _decode.registered_decode_kernel(device) is None:
             print(f"{device}: no decode kernel registered; timing SDPA only")
         dtypes = args.dtypes or (["fp32", "bf16"] if device == "cpu" else ["fp16", "bf16",
                                                                             "fp32"])
@@ -301,7 +298,7 @@ def main(argv=None):
                   _num(r.get("sdpa_device_us")),
                   _num(r.get("sdpa_device_us"), r.get("kernel_device_us"))] for r in rows]))
             print()
-        if args.profile and device in _decode._kernels:
+        if args.profile and _decode.registered_decode_kernel(device) is not None:
             for dname in dtypes:
                 text = profile_kernel(device, DTYPES[dname], 8, max(args.lengths), gen)
                 payload["profiles"][f"{device}-{dname}-B8-L{max(args.lengths)}"] = text

@@ -1,11 +1,12 @@
 """Per-step latency of a small decoder step: eager vs torch.compile (Inductor) vs torchair path 4.
 
-The step: ``--layers`` decoder layers of RMSNorm -> q/k/v projections (GQA) -> in-place KV-cache
-write at ``pos`` (``index_copy_``) -> ``torch.ops.npu.npu_incre_flash_attention`` with
-``actual_seq_lengths`` -> output projection -> RMSNorm -> SwiGLU MLP, then a final RMSNorm. The
-KV caches are preallocated (``--capacity`` positions) and every call of the process, compile and
-check calls included, gets a new set of lengths (each sequence grows by one per step), so no
-variant can reuse per-length artifacts from an earlier call.
+The step (:mod:`bench.model`): ``--layers`` decoder layers of RMSNorm -> q/k/v projections
+(GQA) -> in-place KV-cache write at ``pos`` (``index_copy_``) ->
+``torch.ops.npu.npu_incre_flash_attention`` with ``actual_seq_lengths`` -> output projection ->
+RMSNorm -> SwiGLU MLP, then a final RMSNorm. The KV caches are preallocated (``--capacity``
+positions) and every call of the process, compile and check calls included, gets a new set of
+lengths (each sequence grows by one per step), so no variant can reuse per-length artifacts from
+an earlier call.
 
 Variants (all measured side by side in one process, interleaved rounds, see ``_harness.py``):
 
@@ -54,9 +55,9 @@ Two rows are floors, timed interleaved with the variants, not variants:
 Each compiled variant is checked against eager (outputs of ``--check-steps`` steps and the final
 KV caches, ``allclose``) before timing; the result is recorded, nothing about speed is asserted.
 
-    python bench/bench_decode_step.py                 # defaults: batch 1 and 8, 2 layers
-    python bench/bench_decode_step.py --quick         # tiny smoke test (< 1 minute on 2 CPU cores)
-    python bench/bench_decode_step.py --device cpu --batch 1 4 --steps 30 --rounds 5
+    python -m bench.bench_decode_step                 # defaults: batch 1 and 8, 2 layers
+    python -m bench.bench_decode_step --quick         # tiny smoke test (< 1 minute on 2 CPU cores)
+    python -m bench.bench_decode_step --device cpu --batch 1 4 --steps 30 --rounds 5
 """
 from __future__ import annotations
 
@@ -64,26 +65,22 @@ import argparse
 import atexit
 import dataclasses
 import os
-import random
 import shutil
 import sys
 import tempfile
 import time
 import traceback
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-import _profile as P  # noqa: E402
+import torchair  # (registers torch.ops.npu.*)
+from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, read_bandwidth, x_floor
+from torchair.ops.matmul import cpu as _mm
 
-import torchair  # noqa: E402  (registers torch.ops.npu.*)
-from torchair.ops.matmul import cpu as _mm  # noqa: E402
-from torchair.demo._roofline import (GemvFloor, floor_us, kv_read_bytes,  # noqa: E402
-                                     read_bandwidth, x_floor)
+from bench import _harness as H
+from bench import _profile as P
+from bench.model import DecoderStep, ModelConfig, StepInput, make_schedule
 
 FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight GEMVs alone
 # the weight GEMVs, then Dynamo's per-call work on the same module with a backend that does
@@ -97,117 +94,6 @@ ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-cache", "torchair-fx"
                 "torchair-skipguards", "torchair-mm", "torchair-nodynamo",
                 "reduce-overhead")
 _CUDA_ONLY, _CPU_ONLY = ("reduce-overhead",), ("torchair-mm",)
-
-
-# ------------------------------------------------------------------------------ model
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    capacity: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def kv_hidden(self) -> int:
-        return self.kv_heads * self.head_dim
-
-
-class RMSNorm(torch.nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(1.0 + 0.1 * torch.randn(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x32.to(x.dtype) * self.weight
-
-
-class DecoderLayer(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.attn_norm = RMSNorm(cfg.hidden)
-        self.q = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-        self.k = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
-        self.v = torch.nn.Linear(cfg.hidden, cfg.kv_hidden, bias=False)
-        self.o = torch.nn.Linear(cfg.hidden, cfg.hidden, bias=False)
-        self.mlp_norm = RMSNorm(cfg.hidden)
-        self.gate = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.up = torch.nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
-        self.down = torch.nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
-
-    def forward(self, h, pos, lens: list[int], k_cache, v_cache):
-        cfg = self.cfg
-        a = self.attn_norm(h)
-        q, k, v = self.q(a), self.k(a), self.v(a)
-        k_cache.index_copy_(1, pos, k)  # [B, 1, H_kv] into [B, S, H_kv] at column pos, in place
-        v_cache.index_copy_(1, pos, v)
-        attn = torch.ops.npu.npu_incre_flash_attention(
-            q, k_cache, v_cache, actual_seq_lengths=lens, num_heads=cfg.heads,
-            num_key_value_heads=cfg.kv_heads, input_layout="BSH",
-            scale_value=cfg.head_dim ** -0.5)
-        h = h + self.o(attn)
-        m = self.mlp_norm(h)
-        return h + self.down(F.silu(self.gate(m)) * self.up(m))
-
-
-class DecoderStep(torch.nn.Module):
-    """One decode step of a ``cfg.layers``-layer decoder: ``x [B, 1, hidden]`` -> same shape."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.layers = torch.nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
-        self.norm = RMSNorm(cfg.hidden)
-
-    def forward(self, x, pos, lens: list[int], k_caches: list[torch.Tensor],
-                v_caches: list[torch.Tensor]):
-        h = x
-        for i, layer in enumerate(self.layers):
-            h = layer(h, pos, lens, k_caches[i], v_caches[i])
-        return self.norm(h)
-
-
-# ------------------------------------------------------------------------------ inputs
-
-@dataclasses.dataclass
-class StepInput:
-    x: torch.Tensor
-    pos: torch.Tensor
-    lens: list[int]
-
-
-def make_schedule(cfg: ModelConfig, batch: int, n_calls: int, device: str, dtype: torch.dtype,
-                  seed: int) -> list[StepInput]:
-    """``n_calls`` step inputs whose lengths are new at every call: sequence ``b`` has length
-    ``base_b + i`` at call ``i``; the new token goes to column ``pos = min(lens) - 1`` (one
-    column for the whole batch, as ``index_copy_`` writes). Bases are distinct and >= 2, so the
-    first call's lengths are distinct values >= 2 (Dynamo specializes 0 and 1)."""
-    room = cfg.capacity - n_calls
-    if room < 2 + batch:
-        raise SystemExit(f"--capacity {cfg.capacity} is too small for {n_calls} calls at batch "
-                         f"{batch}; raise --capacity or lower --steps/--rounds")
-    rng = random.Random(seed)
-    lo = max(2, room // 2)
-    if room - lo + 1 < batch:
-        lo = 2
-    bases = rng.sample(range(lo, room + 1), batch)
-    gen = torch.Generator().manual_seed(seed)
-    steps = []
-    for i in range(n_calls):
-        lens = [b + i for b in bases]
-        x = torch.randn(batch, 1, cfg.hidden, generator=gen).to(device=device, dtype=dtype)
-        pos = torch.tensor([min(lens) - 1], dtype=torch.int64, device=device)
-        steps.append(StepInput(x, pos, lens))
-    return steps
 
 
 # ------------------------------------------------------------------------------ variants
@@ -375,7 +261,7 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
                     "True): only the guards that tell cache entries apart (a user's opt-in, "
                     "unsafe if guarded state changes)")
     elif name == "torchair-mm":
-        compiled = _built_with(torch.compile(model, backend=_torchair_backend(False),
+        compiled = built_with(torch.compile(model, backend=_torchair_backend(False),
                                              dynamic=True, fullgraph=True),
                                {_mm.ENV_SWITCH: "0"})
         describe = (f"torchair path 4 built with {_mm.ENV_SWITCH}=0: its products are ATen's mm, "
@@ -396,7 +282,7 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
     return Variant(name, describe, compiled, k_caches, v_caches, before_call)
 
 
-def _built_with(compiled: Callable, env: dict[str, str]) -> Callable:
+def built_with(compiled: Callable, env: dict[str, str]) -> Callable:
     """``compiled`` whose first (compiling) call runs with ``env`` set in ``os.environ``; the
     variables are put back after it."""
     built: list[bool] = []
@@ -496,7 +382,7 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
                 res["recompiles_warmup"] = _unique_graphs() - graphs1
                 reports = torchair.graph_reports()[reports0:]
                 if reports:
-                    res["torchair_reports"] = [_report_dict(r) for r in reports]
+                    res["torchair_reports"] = [report_dict(r) for r in reports]
                 if v.name == "reduce-overhead":
                     res["cudagraph_counters"] = _cudagraph_counters()
                 # correctness against eager, from the same initial caches
@@ -703,11 +589,11 @@ def _paired_x_floor(variant_rounds: list[list[float]], gemv_rounds: list[list[fl
             "p10": H.percentile(ratios, 10), "p90": H.percentile(ratios, 90)}
 
 
-def _sci(value: float | None) -> str | None:
+def sci(value: float | None) -> str | None:
     return None if value is None else f"{value:.1e}"
 
 
-def _report_dict(r: Any) -> dict[str, Any]:
+def report_dict(r: Any) -> dict[str, Any]:
     return {"graph_id": r.graph_id, "path": r.path, "fx_static": r.fx_static,
             "ir_static": r.ir_static, "build_static": r.build_static, "engine": r.engine,
             "launch": r.launch, "build_seconds": r.build_seconds,
@@ -819,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
                               + res["recompiles_timed"])
             rows.append([b["batch"], name, res.get("first_call_s"),
                          res.get("check", "error" if "error" in res else None),
-                         _sci(res.get("max_abs_err")), recompiles, stats.get("median"),
+                         sci(res.get("max_abs_err")), recompiles, stats.get("median"),
                          stats.get("p10"), stats.get("p90"), res.get("speedup_vs_eager"),
                          res.get("speedup_vs_eager_paired", {}).get("median"),
                          res.get("x_floor")])

@@ -16,7 +16,7 @@ interleaved rounds (``_harness``) for each prompt length:
 Each variant's output is checked against eager first. Prints medians per call and saves JSON under
 ``bench/results/fia_prompt_<machine>.json``.
 
-    python bench/bench_fia_prompt.py [--lengths 16 128 512] [--rounds 15] [--calls 20]
+    python -m bench.bench_fia_prompt [--lengths 16 128 512] [--rounds 15] [--calls 20]
 """
 from __future__ import annotations
 
@@ -24,15 +24,14 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness  # noqa: E402
 
-import torchair  # noqa: E402
-from torchair.ops.attention.cpu import launch_library as _launch  # noqa: E402
+import torchair
+from torchair.ops.attention.cpu import launch_library as _launch
+
+from bench import _harness
 
 FIA = torch.ops.npu.npu_fused_infer_attention_score
 

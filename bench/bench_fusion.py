@@ -33,9 +33,9 @@ unfused chains), ``eager-fused`` (the same weights, fused ops called by hand), a
 ``torchair.graph_reports()``; fusion off is checked against ``eager`` and fusion on against
 ``eager-fused`` before timing, then all are timed in interleaved rounds.
 
-    python bench/bench_fusion.py --quick     # smoke run, < 60 s on 2 CPU cores
-    python bench/bench_fusion.py             # full grid + decode step, 6-10 min on 2 CPU cores
-    python bench/bench_fusion.py --parts op --tokens 1 4096 --hidden 7168 --dtype fp16
+    python -m bench.bench_fusion --quick     # smoke run, < 60 s on 2 CPU cores
+    python -m bench.bench_fusion             # full grid + decode step, 6-10 min on 2 CPU cores
+    python -m bench.bench_fusion --parts op --tokens 1 4096 --hidden 7168 --dtype fp16
 """
 from __future__ import annotations
 
@@ -45,7 +45,6 @@ import math
 import sys
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -53,14 +52,14 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-from bench_decode_attention import copy_bandwidth  # noqa: E402
+import torchair  # (registers torch.ops.npu.*)
+from torchair.ops.quant import dynamic_quant as _dq
+from torchair.ops.norm import rms_norm as _rn
+from torchair.patterns import add_rms_norm as P
 
-import torchair  # noqa: E402  (registers torch.ops.npu.*)
-from torchair.ops.quant import dynamic_quant as _dq  # noqa: E402
-from torchair.ops.norm import rms_norm as _rn  # noqa: E402
-from torchair.patterns import add_rms_norm as P  # noqa: E402
+from bench import _harness as H
+from bench.bench_decode_attention import copy_bandwidth
+from bench.model import ModelConfig
 
 npu = torch.ops.npu
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -274,24 +273,6 @@ def op_table(rows: list[dict]) -> str:
 
 # ============================================================================== end to end
 
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    capacity: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def kv_hidden(self) -> int:
-        return self.kv_heads * self.head_dim
-
-
 def _int8_weight(k: int, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 ``[k, n]`` and a float32 per-column scale that keeps ``x @ W`` at unit size for a
     unit-size ``x`` (std of a uniform int8 value ~ 73)."""
@@ -310,7 +291,13 @@ def _int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class W8A8Layer(torch.nn.Module):
-    """A DeepSeek/Llama-like decoder layer with int8 weights and per-token int8 activations."""
+    """A DeepSeek/Llama-like decoder layer with int8 weights and per-token int8 activations.
+
+    Deliberately not :class:`bench.model.DecoderLayer` (whose :class:`~bench.model.ModelConfig`
+    it shares): this layer exists to carry the three fusion patterns of
+    ``torchair/patterns/add_rms_norm.py`` (residual add fused into the next norm, per-token
+    dynamic quant, int8 GEMMs, the final norm's float32 cast), in both their unfused and fused
+    forms (``fused``); the float decoder step has none of them."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, gen: torch.Generator,
                  fused: bool) -> None:
@@ -411,9 +398,9 @@ class StepInput:
 
 def make_schedule(cfg: ModelConfig, batch: int, n_calls: int, device: str, dtype: torch.dtype,
                   seed: int) -> list[StepInput]:
-    """``n_calls`` inputs whose lengths are new at every call (as in bench_decode_step.py):
-    sequence ``b`` has ``base_b + i`` tokens at call ``i``, distinct bases >= 2; the new token
-    goes to column ``min(lens) - 1``."""
+    """``n_calls`` inputs whose lengths are new at every call (as
+    :func:`bench.model.make_schedule`): sequence ``b`` has ``base_b + i`` tokens at call ``i``,
+    distinct bases >= 2; the new token goes to column ``min(lens) - 1``."""
     room = cfg.capacity - n_calls
     if room < 2 + batch:
         raise SystemExit(f"--capacity {cfg.capacity} is too small for {n_calls} calls at batch "

@@ -1,6 +1,6 @@
 """Dynamic gears on a decoder step: compile time and per-step latency per gear, gears cycled.
 
-The model is the decoder step of ``bench_decode_step.py`` (imported from it, not copied): per
+The model is the benches' decoder step (:mod:`bench.model`, as in ``bench_decode_step``): per
 layer RMSNorm -> q/k/v projections (GQA) -> in-place KV-cache write at ``pos`` (``index_copy_``)
 -> ``torch.ops.npu.npu_incre_flash_attention(..., actual_seq_lengths=lens)`` -> output projection
 -> RMSNorm -> SwiGLU MLP, then a final RMSNorm. The batch dim of ``x`` and of the KV caches is
@@ -35,9 +35,9 @@ be 0; (2) outputs and final KV caches vs eager (``allclose``) over ``--check-pas
 ``--steps`` passes over all gears (the gear changes at every call, as in a serving loop), each call
 timed on its own. Nothing is asserted about speed.
 
-    python bench/bench_gears.py --quick            # smoke run, < 60 s on 2 CPU cores
-    python bench/bench_gears.py                    # defaults, a few minutes on 2 CPU cores
-    python bench/bench_gears.py --engine fx --threads 1
+    python -m bench.bench_gears --quick            # smoke run, < 60 s on 2 CPU cores
+    python -m bench.bench_gears                    # defaults, a few minutes on 2 CPU cores
+    python -m bench.bench_gears --engine fx --threads 1
 """
 from __future__ import annotations
 
@@ -47,7 +47,6 @@ import gc
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -55,12 +54,12 @@ import torch._dynamo
 import torch._dynamo.testing
 from torch._dynamo.decorators import mark_unbacked
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-import bench_decode_step as D  # noqa: E402  (the model; also imports torchair)
+import torchair
+from torchair.inference import set_dim_gears
 
-import torchair  # noqa: E402
-from torchair.inference import set_dim_gears  # noqa: E402
+from bench import _harness as H
+from bench.bench_decode_step import report_dict, sci
+from bench.model import DecoderStep, ModelConfig
 
 KINDS = ("eager", "torchair-gears", "torchair-per-shape", "inductor-dynamic")
 
@@ -75,7 +74,7 @@ class StepInput:
     lens: list[int]
 
 
-def first_length(cfg: D.ModelConfig, gears: list[int], n_calls: int) -> int:
+def first_length(cfg: ModelConfig, gears: list[int], n_calls: int) -> int:
     """The first call's length: room for ``n_calls`` growing lengths in the cache, >= 2 (Dynamo
     specializes 0 and 1), and no warm-up length equal to a model size or gear (an int equal to a
     size could be duck-sized into one symbol with it)."""
@@ -92,7 +91,7 @@ def first_length(cfg: D.ModelConfig, gears: list[int], n_calls: int) -> int:
     return start
 
 
-def make_schedule(cfg: D.ModelConfig, gears: list[int], passes: int, device: str,
+def make_schedule(cfg: ModelConfig, gears: list[int], passes: int, device: str,
                   dtype: torch.dtype, seed: int) -> list[StepInput]:
     """``passes`` passes over the gears; call ``i`` has batch ``gears[i % G]`` and length
     ``L0 + i`` (new at every call), writing its token at column ``L0 + i - 1``."""
@@ -182,7 +181,7 @@ def reset_caches(variant: Variant, init_k: list[torch.Tensor], init_v: list[torc
                 dst.copy_(src[:b])
 
 
-def make_variant(name: str, kind: str, engine: str | None, model: D.DecoderStep,
+def make_variant(name: str, kind: str, engine: str | None, model: DecoderStep,
                  init_k: list[torch.Tensor], init_v: list[torch.Tensor], gears: list[int],
                  layout: str) -> Variant:
     owned, per_gear = make_caches(init_k, init_v, gears, layout)
@@ -275,7 +274,7 @@ def warm_and_check(v: Variant, schedule: list[StepInput], gears: list[int], n_ch
     res["second_call_per_gear_s"] = second
     reports = torchair.graph_reports()[reports0:]
     if reports:
-        res["torchair_reports"] = [{**D._report_dict(r), "gears": _gear_entries(r)}
+        res["torchair_reports"] = [{**report_dict(r), "gears": _gear_entries(r)}
                                    for r in reports]
     if v.kind == "torchair-gears" and reports:
         builds = {g["gear"]: g.get("build_seconds") for g in reports[-1].gears}
@@ -310,14 +309,14 @@ def warm_and_check(v: Variant, schedule: list[StepInput], gears: list[int], n_ch
     reset_caches(v, init_k, init_v)
 
 
-def run(args: argparse.Namespace, cfg: D.ModelConfig, device: str,
+def run(args: argparse.Namespace, cfg: ModelConfig, device: str,
         dtype: torch.dtype) -> dict[str, Any]:
     torch._dynamo.reset()
     sync = H.synchronizer(device)
     gears = args.gears
     G = len(gears)
     torch.manual_seed(args.seed)
-    model = D.DecoderStep(cfg).to(device=device, dtype=dtype).eval()
+    model = DecoderStep(cfg).to(device=device, dtype=dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -505,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     print("gears benchmark: compile time and per-step latency per batch gear, gears cycled, "
           "variants interleaved in one run")
     H.print_machine(info)
-    cfg = D.ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
+    cfg = ModelConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
                         kv_heads=args.kv_heads, intermediate=args.intermediate,
                         capacity=args.capacity)
 
@@ -527,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
                      res.get("trace_s"), sum(b or 0 for b in builds.values()) if builds else None,
                      res.get("compile_total_s"), res.get("recompiles_after_first_pass"),
                      res.get("check", "error" if "error" in res else None),
-                     D._sci(res.get("max_abs_err"))])
+                     sci(res.get("max_abs_err"))])
     print(H.format_table(headers, rows))
     print("\nfirst call of each gear (s), in the order called:")
     for name, res in variants.items():

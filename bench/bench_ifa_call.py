@@ -19,7 +19,7 @@ Prints each variant's median per call, its multiple of ``kernel`` and its cost a
 kernel's own time (``kernel - ctypes-noop``); saves JSON under
 ``bench/results/ifa_call_<machine>.json``.
 
-    python bench/bench_ifa_call.py [--batch 1] [--kv 512] [--len 500] [--rounds 15] [--calls 200]
+    python -m bench.bench_ifa_call [--batch 1] [--kv 512] [--len 500] [--rounds 15] [--calls 200]
 """
 from __future__ import annotations
 
@@ -27,18 +27,16 @@ import argparse
 import ctypes
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness  # noqa: E402
+import torchair  # noqa: F401  (registers the ops)
+from torchair.ops.attention.cpu import launch_fakes as _fakes
+from torchair.ops.attention.cpu import launch_library as _launch
+from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention import ifa_fast as _ifa_fast
 
-import torchair  # noqa: E402,F401  (registers the ops)
-from torchair.ops.attention.cpu import launch_fakes as _fakes  # noqa: E402
-from torchair.ops.attention.cpu import launch_library as _launch  # noqa: E402
-from torchair.ops.attention.cpu import native as _decode_native  # noqa: E402
-from torchair.ops.attention import ifa_fast as _ifa_fast  # noqa: E402
+from bench import _harness
 
 
 def _variants(args) -> dict:

@@ -15,7 +15,7 @@ The block (one MLP half of a W8A8 decoder layer): ``npu_add_rms_norm_dynamic_qua
 Prints the median per call, speedup over eager, the largest difference from eager (int8 steps for
 the quantized output), and saves JSON under ``bench/results/quant_unit_<machine>.json``.
 
-    python bench/bench_quant_unit.py [--rows 1 4] [--hidden 512] [--inner 1536] [--rounds 9]
+    python -m bench.bench_quant_unit [--rows 1 4] [--hidden 512] [--inner 1536] [--rounds 9]
 """
 from __future__ import annotations
 
@@ -23,15 +23,13 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
+import torchair
+from torchair.runtime import engines
 
-import torchair  # noqa: E402
-from torchair.runtime import engines  # noqa: E402
+from bench import _harness as H
 
 npu = torch.ops.npu
 

@@ -16,24 +16,21 @@ timed side by side in interleaved rounds (``_harness``):
 Prints the median per call and the paired ratios ``ref / fused`` and ``ref / op`` and saves them
 (JSON, ``results/rope_swiglu_<machine>.json`` or ``--out``); it asserts nothing.
 
-    python bench/bench_rope_swiglu.py [--tokens 1 8 32] [--rounds 15] [--steps 50] [--threads 1]
+    python -m bench.bench_rope_swiglu [--tokens 1 8 32] [--rounds 15] [--steps 50] [--threads 1]
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness  # noqa: E402
+import torchair.ops  # noqa: F401 (registers the ops)
+from torchair.ops.activation.cpu import swiglu_cpu
+from torchair.ops.activation.swiglu import swiglu_reference
+from torchair.ops.rope.common import rope_reference
+from torchair.ops.rope.cpu import rope_cpu
 
-import torchair.ops  # noqa: E402,F401 (registers the ops)
-from torchair.ops.activation.cpu import swiglu_cpu  # noqa: E402
-from torchair.ops.activation.swiglu import swiglu_reference  # noqa: E402
-from torchair.ops.rope.common import rope_reference  # noqa: E402
-from torchair.ops.rope.cpu import rope_cpu  # noqa: E402
+from bench import _harness
 
 
 def _variants(tokens: int, dtype: torch.dtype) -> dict:

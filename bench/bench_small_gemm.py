@@ -15,22 +15,20 @@ median step, GB/s of weight read and the ratio ``aten / gemv``; saves JSON under
 ``bench/results/small_gemm_<machine>.json``. ``MIN_ROWS`` and ``MAX_ROWS`` of
 :mod:`torchair.ops.matmul.cpu` (the row counts static units bind) come from these numbers.
 
-    python bench/bench_small_gemm.py [--rows 1 2 4 8 16 24 32 48 64] [--rounds 20] [--steps 10]
+    python -m bench.bench_small_gemm [--rows 1 2 4 8 16 24 32 48 64] [--rounds 20] [--steps 10]
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness  # noqa: E402
+from torchair.ops.matmul import cpu as _mm
 
-from torchair.ops.matmul import cpu as _mm  # noqa: E402
+from bench import _harness
 
 
 def _weights(hidden: int, kv_hidden: int, intermediate: int, layers: int) -> list[torch.Tensor]:

@@ -24,24 +24,22 @@ Inductor code, whose kernel count the report does not know). All variants are ti
 interleaved rounds (``_harness``); ``vs eager`` and ``scope x`` are paired per-round ratios
 (``scope x`` = unscoped / scoped of the same engine; > 1: the scope is faster).
 
-    python bench/bench_super_kernel.py --quick      # smoke run, FX engine, ~30 s on 2 CPU cores
-    python bench/bench_super_kernel.py              # FX + Inductor engines, a few minutes
+    python -m bench.bench_super_kernel --quick      # smoke run, FX engine, ~30 s on 2 CPU cores
+    python -m bench.bench_super_kernel              # FX + Inductor engines, a few minutes
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch._dynamo
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
+import torchair  # (registers torch.ops.npu.*)
 
-import torchair  # noqa: E402  (registers torch.ops.npu.*)
+from bench import _harness as H
 
 npu = torch.ops.npu
 

@@ -1,11 +1,12 @@
 """Tensor parallel decode step: TP=2 against TP=1 per-step latency on CPU (gloo).
 
-The model is ``bench_decode_step.py``'s decoder step (its ``DecoderStep``, weights and inputs),
-split Megatron-style for TP=2: q/k/v column-parallel (each rank gets half the query heads and
-half the KV heads, contiguous, so GQA's head grouping stays on one rank), o row-parallel +
-``all_reduce``; gate/up column-parallel, down row-parallel + ``all_reduce`` (two all_reduces
-per layer); each rank's KV caches hold its own KV heads. Norms are replicated. TP=1 is the
-unsplit ``DecoderStep``.
+The model is the benches' decoder step (:mod:`bench.model`: its ``DecoderStep``, weights and
+inputs, as ``bench_decode_step`` times it), split Megatron-style for TP=2: q/k/v
+column-parallel (each rank gets half the query heads and half the KV heads, contiguous, so GQA's
+head grouping stays on one rank), o row-parallel + ``all_reduce``; gate/up column-parallel, down
+row-parallel + ``all_reduce`` (two all_reduces per layer); each rank's KV caches hold its own KV
+heads. Norms are replicated. TP=1 is the unsplit ``DecoderStep``; a shard (:class:`TPLayer`,
+:class:`TPStep`) runs the same forward, its :meth:`TPLayer.all_reduce` being the real one.
 
 The script starts its own 2-rank gloo world (``torch.multiprocessing`` spawn); every rank runs
 with **one torch thread** (``torch.set_num_threads(1)``), so TP=1 uses one core and TP=2 one
@@ -36,8 +37,8 @@ barrier before each variant's round; each rank times each call (``time.perf_coun
 per-step time = **max over the two ranks** of the same step (rank 0 alone is in the JSON too);
 TP=1 variants run on rank 0 while rank 1 waits in the barrier. Nothing about speed is asserted.
 
-    python bench/bench_tp.py --quick          # tiny model, < 1 minute on 2 CPU cores
-    python bench/bench_tp.py                  # decode_step's defaults: batch 1 and 8, 2 layers
+    python -m bench.bench_tp --quick          # tiny model, < 1 minute on 2 CPU cores
+    python -m bench.bench_tp                  # decode_step's defaults: batch 1 and 8, 2 layers
 """
 from __future__ import annotations
 
@@ -55,13 +56,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _harness as H  # noqa: E402
-import bench_decode_step as D  # noqa: E402
+import torchair
 
-import torchair  # noqa: E402
+from bench import _harness as H
+from bench.bench_decode_step import Variant, make_variant, reset_caches
+from bench.model import DecoderLayer, DecoderStep, ModelConfig, make_schedule
 
 TP = 2
 VARIANTS = (  # (tp, name): rotated together in every round
@@ -71,17 +71,18 @@ VARIANTS = (  # (tp, name): rotated together in every round
 
 # ------------------------------------------------------------------------------ TP model
 
-class TPLayer(torch.nn.Module):
-    """One ``DecoderLayer`` shard of rank ``rank`` of ``tp``: the same forward with half the
-    heads / MLP columns and an all_reduce after the row-parallel o and down projections."""
+class TPLayer(DecoderLayer):
+    """One ``DecoderLayer`` shard of rank ``rank`` of ``tp``: its forward with ``1/tp`` of the
+    heads / MLP columns and a real :meth:`all_reduce` after the row-parallel o and down
+    projections."""
 
-    def __init__(self, full: D.DecoderLayer, rank: int, tp: int, collective: str,
+    def __init__(self, full: DecoderLayer, rank: int, tp: int, collective: str,
                  reduce: bool = True, timer: list | None = None) -> None:
-        super().__init__()
-        cfg = full.cfg
+        # not DecoderLayer.__init__, which draws new random weights: the shard takes full's
+        torch.nn.Module.__init__(self)
+        cfg = self.cfg = full.cfg
         self.timer = timer  # eager only: wall seconds of each all_reduce call appended here
         self.heads, self.kv_heads = cfg.heads // tp, cfg.kv_heads // tp
-        self.scale = cfg.head_dim ** -0.5
         self.collective, self.reduce = collective, reduce
         qh, kvh, ih = cfg.hidden // tp, cfg.kv_hidden // tp, cfg.intermediate // tp
 
@@ -122,33 +123,17 @@ class TPLayer(torch.nn.Module):
         dist.all_reduce(y)
         return y
 
-    def forward(self, h, pos, lens: list[int], k_cache, v_cache):
-        a = self.attn_norm(h)
-        q, k, v = self.q(a), self.k(a), self.v(a)
-        k_cache.index_copy_(1, pos, k)
-        v_cache.index_copy_(1, pos, v)
-        attn = torch.ops.npu.npu_incre_flash_attention(
-            q, k_cache, v_cache, actual_seq_lengths=lens, num_heads=self.heads,
-            num_key_value_heads=self.kv_heads, input_layout="BSH", scale_value=self.scale)
-        h = h + self.all_reduce(self.o(attn))
-        m = self.mlp_norm(h)
-        return h + self.all_reduce(self.down(F.silu(self.gate(m)) * self.up(m)))
 
+class TPStep(DecoderStep):
+    """Rank ``rank``'s shard of ``full``: its layers' :class:`TPLayer` shards, the same final
+    norm; :class:`~bench.model.DecoderStep`'s forward."""
 
-class TPStep(torch.nn.Module):
-    def __init__(self, full: D.DecoderStep, rank: int, tp: int, collective: str,
+    def __init__(self, full: DecoderStep, rank: int, tp: int, collective: str,
                  reduce: bool = True, timer: list | None = None) -> None:
-        super().__init__()
+        torch.nn.Module.__init__(self)  # not DecoderStep.__init__: no new random weights
         self.layers = torch.nn.ModuleList(TPLayer(layer, rank, tp, collective, reduce, timer)
                                           for layer in full.layers)
         self.norm = full.norm
-
-    def forward(self, x, pos, lens: list[int], k_caches: list[torch.Tensor],
-                v_caches: list[torch.Tensor]):
-        h = x
-        for i, layer in enumerate(self.layers):
-            h = layer(h, pos, lens, k_caches[i], v_caches[i])
-        return self.norm(h)
 
 
 def shard_cache(t: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
@@ -165,12 +150,12 @@ def _report_dict(r) -> dict[str, Any]:
             "sunk_inputs": r.sunk_inputs}
 
 
-def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]:
+def run_batch(args, cfg: ModelConfig, batch: int, rank: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     torch._dynamo.reset()
     torch.manual_seed(args.seed)
-    full = D.DecoderStep(cfg).eval()
+    full = DecoderStep(cfg).eval()
     for p in full.parameters():
         p.requires_grad_(False)
     gen = torch.Generator().manual_seed(args.seed + 1)
@@ -180,7 +165,7 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
               for _ in range(cfg.layers)]
     n_warm = 2
     n_calls = n_warm + args.check_steps + args.rounds * args.steps
-    schedule = D.make_schedule(cfg, batch, n_calls, "cpu", torch.float32, args.seed + batch)
+    schedule = make_schedule(cfg, batch, n_calls, "cpu", torch.float32, args.seed + batch)
     for s in schedule:
         torch._dynamo.mark_static(s.x)
         torch._dynamo.mark_static(s.pos)
@@ -201,7 +186,7 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
               f"dim {cfg.head_dim}, MLP {cfg.intermediate}, KV capacity {cfg.capacity}",
               flush=True)
 
-    variants: dict[tuple[int, str], D.Variant] = {}
+    variants: dict[tuple[int, str], Variant] = {}
     results: dict[str, dict[str, Any]] = {}
     ref_out: list[torch.Tensor] = []
     ref_caches: list[torch.Tensor] = []
@@ -225,7 +210,7 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
             model = (noreduce if name == "eager-noreduce" else
                      tp_eager if (tp, name) == (2, "eager") else models[tp])
             k0, v0 = inits[tp]
-            v = D.make_variant("torchair" if name == "torchair" else "eager", model, k0, v0)
+            v = make_variant("torchair" if name == "torchair" else "eager", model, k0, v0)
             res["describe"] = v.describe + {
                 "eager-noreduce": " [TP=2 shard, all_reduces left out: per-rank compute, "
                                   "output not checked]",
@@ -239,7 +224,7 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
             reports = torchair.graph_reports()[reports0:]
             if reports:
                 res["torchair_reports"] = [_report_dict(r) for r in reports]
-            D.reset_caches(v, k0, v0)
+            reset_caches(v, k0, v0)
             if name != "eager-noreduce":
                 outs = [v(s).clone() for s in check]
                 caches = v.k_caches + v.v_caches
@@ -255,7 +240,7 @@ def run_batch(args, cfg: D.ModelConfig, batch: int, rank: int) -> dict[str, Any]
                                   for c, r in zip(caches, want)))
                     err = max((o - r).abs().max().item() for o, r in zip(outs, ref_out))
                     res.update(check="ok" if ok else "MISMATCH", max_abs_err=err)
-                D.reset_caches(v, k0, v0)
+                reset_caches(v, k0, v0)
             variants[(tp, name)] = v
 
         # ---- timing: interleaved rounds, rotated order, barrier before each variant's round
@@ -302,8 +287,8 @@ def worker(rank: int, world: int, port: int, args_dict: dict, out_dir: str) -> N
     try:
         if args.collective == "inplace":
             torchair.patch_for_hcom()
-        cfg = D.ModelConfig(args.layers, args.hidden, args.heads, args.kv_heads,
-                            args.intermediate, args.capacity)
+        cfg = ModelConfig(args.layers, args.hidden, args.heads, args.kv_heads,
+                          args.intermediate, args.capacity)
         info = H.machine_info("cpu")
         out = {"rank": rank, "machine": info, "batches": []}
         for batch in args.batch:

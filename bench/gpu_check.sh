@@ -57,10 +57,10 @@ TAIL=30 run pytest_cuda "${T_CUDA:-180}" python3 -m pytest -q -m cuda -p no:cach
 run demo "${T_DEMO:-70}" python3 -m torchair demo --device cuda --batch 1 4 --steps 16 --no-progress \
     --json "$out/demo_cuda.json"
 # reduce-overhead is left out: its first call took 57 s on the first lent H200
-run decode_step "${T_STEP:-120}" python3 bench/bench_decode_step.py --device cuda --rounds 10 \
+run decode_step "${T_STEP:-120}" python3 -m bench.bench_decode_step --device cuda --rounds 10 \
     --variants eager torchair torchair-fx torchair-nodynamo --profile-steps 5 --warm-cache \
     --out "$out/decode_step_cuda.json"
-run decode_attention "${T_ATTN:-45}" python3 bench/bench_decode_attention.py --device cuda --quick \
+run decode_attention "${T_ATTN:-45}" python3 -m bench.bench_decode_attention --device cuda --quick \
     --out "$out/decode_attention_cuda.json"
 run triton_static "${T_STATIC:-30}" python3 -m torchair.ops.toolchain.triton_aot --arch "$arch" \
     --json "$out/triton_sm${arch}_static.json"

@@ -1,13 +1,14 @@
 """One command for the benchmark report: run every benchmark, merge, plot, tabulate.
 
-    python bench/report.py                    # full run, ~25 min on 2 CPU cores
-    python bench/report.py --quick            # smoke run, ~6 min on 2 CPU cores
-    python bench/report.py --only decode_step gears --update-readme
+    python -m bench.report                    # full run, ~25 min on 2 CPU cores
+    python -m bench.report --quick            # smoke run, ~6 min on 2 CPU cores
+    python -m bench.report --only decode_step gears --update-readme
 
-Each benchmark runs as its own process (``python bench/bench_<name>.py ... --out <tmp json>``),
-its output streamed with a header and the elapsed time. A benchmark that fails is recorded (exit
-status, stderr tail) and the others still run; the report then exits with status 1. A benchmark
-whose script does not exist is skipped and listed as such.
+Each benchmark runs as its own process, from the repository root (``python -m
+bench.bench_<name> ... --out <tmp json>``), its output streamed with a header and the elapsed
+time. A benchmark that fails is recorded (exit status, stderr tail) and the others still run; the
+report then exits with status 1. A benchmark whose script does not exist is skipped and listed as
+such.
 Flags a script does not define are not passed to it (``--threads`` to ``bench_cache_compile.py``).
 
 Writes, for the machine tag of ``_harness.machine_tag`` (``cpu-2core``, the GPU name on CUDA;
@@ -38,11 +39,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from bench import _harness as H
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import _harness as H  # noqa: E402
-
 ROOT = HERE.parent
 REPORT_PAGE = ROOT / "docs" / "benchmarks.md"  # the page --update-readme rewrites
 MARK_START = "<!-- bench-report:start -->"
@@ -71,6 +70,11 @@ class Bench:
     def script(self) -> Path:
         return HERE / f"bench_{self.name}.py"
 
+    @property
+    def module(self) -> str:
+        """The script's module name for ``python -m``, from the repository root."""
+        return ".".join(self.script.relative_to(ROOT).with_suffix("").parts)
+
 
 BENCHES = (Bench("decode_step", batch_sweep=True), Bench("decode_attention"), Bench("fusion"),
            Bench("gears"), Bench("cache_compile"), Bench("super_kernel"))
@@ -88,7 +92,7 @@ def child_argv(bench: Bench, opts: argparse.Namespace, out: Path) -> list[str]:
         wanted.append(["--threads", str(opts.threads)])
     if opts.quick:
         wanted.append(["--quick"])
-    argv = [sys.executable, str(bench.script.relative_to(ROOT))]
+    argv = [sys.executable, "-m", bench.module]
     for flag in wanted:
         if f'"{flag[0]}"' in source or f"'{flag[0]}'" in source:
             argv += flag
@@ -158,7 +162,7 @@ def run_benchmarks(benches: Sequence[Bench], opts: argparse.Namespace,
         print(f"\n==== [{i}/{len(todo)}] {bench.name}: {' '.join(argv[1:])}   (report at "
               f"{time.perf_counter() - start:.0f} s)", flush=True)
         rec = run_child(argv, timeout=opts.timeout)
-        payload, error = _read_payload(rec, out)
+        payload, error = read_payload(rec, out)
         status = "ok" if error is None else f"FAILED ({error})"
         print(f"==== [{i}/{len(todo)}] {bench.name} {status} in {rec['elapsed_s']:.0f} s (report "
               f"at {time.perf_counter() - start:.0f} s)", flush=True)
@@ -175,7 +179,8 @@ def run_benchmarks(benches: Sequence[Bench], opts: argparse.Namespace,
     return done
 
 
-def _read_payload(rec: Mapping[str, Any], out: Path) -> tuple[Any, str | None]:
+def read_payload(rec: Mapping[str, Any], out: Path) -> tuple[Any, str | None]:
+    """A finished child's JSON from ``out`` and None, or None and why there is none."""
     if rec.get("timed_out"):
         return None, f"timed out after {rec['elapsed_s']:.0f} s"
     if rec["returncode"] != 0:

@@ -1,28 +1,20 @@
-"""bench/bench_fia_prompt.py runs (one tiny round) and saves every variant's per-call time; before
+"""bench.bench_fia_prompt runs (one tiny round) and saves every variant's per-call time; before
 timing it checked that the variants compute eager's attention and that the bound unit calls
 ``torchair_native::fia_prompt`` while the other calls FIA's Python op. Nothing about speed is
 asserted."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from torchair.ops.attention.cpu import launch_library as _launch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench import bench_fia_prompt as bench
 
 
 @pytest.mark.skipif(not _launch.available(), reason="needs the launch kernels")
 def test_tiny_run_saves_every_variant(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_fia_prompt",
-                                                  BENCH / "bench_fia_prompt.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
     out = tmp_path / "fia_prompt.json"
     assert bench.main(["--lengths", "8", "20", "--rounds", "1", "--calls", "2",
                        "--out", str(out)]) == 0

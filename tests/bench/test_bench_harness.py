@@ -1,26 +1,15 @@
-"""bench/_harness.py's GPU timer (device time of a CUDA-graph replay)."""
+"""bench._harness's GPU timer (device time of a CUDA-graph replay)."""
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _harness():
-    spec = importlib.util.spec_from_file_location("bench_harness", BENCH / "_harness.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench import _harness as H
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_device_time_is_the_gpus_own_time_per_call():
-    H = _harness()
     a = torch.randn(4096, 4096, device="cuda")
     small = H.device_time_us(lambda _: a[:256, :256] @ a[:256, :256])
     large = H.device_time_us(lambda _: a @ a)

@@ -1,26 +1,19 @@
-"""bench/bench_ifa_call.py runs (one tiny round) and saves every variant's per-call time; the
+"""bench.bench_ifa_call runs (one tiny round) and saves every variant's per-call time; the
 variants were checked to compute the same attention before timing. Nothing about speed is
 asserted."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from torchair.ops.attention.cpu import native as _decode_native
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench import bench_ifa_call as bench
 
 
 @pytest.mark.skipif(not _decode_native.available(), reason="needs the native kernel")
 def test_tiny_run_saves_every_variant(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_ifa_call", BENCH / "bench_ifa_call.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
     out = tmp_path / "ifa_call.json"
     assert bench.main(["--rounds", "1", "--calls", "2", "--kv", "64", "--len", "40",
                        "--out", str(out)]) == 0

@@ -1,24 +1,17 @@
-"""bench/bench_quant_unit.py runs (tiny shapes) and saves every variant with its difference from
+"""bench.bench_quant_unit runs (tiny shapes) and saves every variant with its difference from
 eager: the unit calling the ops is bit-exact, the lowered unit within two output steps. Nothing
 about speed is asserted."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from bench import bench_quant_unit as bench
 
 
 @pytest.mark.inductor
 def test_quick_run_saves_every_variant(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_quant_unit", BENCH / "bench_quant_unit.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
     out = tmp_path / "quant_unit.json"
     assert bench.main(["--quick", "--out", str(out)]) == 0
     payload = json.loads(out.read_text())

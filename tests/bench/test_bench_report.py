@@ -1,9 +1,8 @@
-"""bench/report.py without running a benchmark: summaries and markdown from small payloads shaped
+"""bench.report without running a benchmark: summaries and markdown from small payloads shaped
 like the real JSON, README marker replacement, the plot without matplotlib, a failing child."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import textwrap
@@ -11,18 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import report as R
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_report", BENCH / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-R = _load()
 
 
 def _stats(median: float) -> dict:
@@ -258,7 +248,7 @@ def test_child_argv_passes_only_flags_the_script_defines(tmp_path, monkeypatch):
     monkeypatch.setattr(R, "HERE", tmp_path)
     monkeypatch.setattr(R, "ROOT", tmp_path)
     argv = R.child_argv(R.Bench("fake", batch_sweep=True), _opts(threads=1), tmp_path / "o.json")
-    assert argv[1:] == ["bench_fake.py", "--batch", "1", "2", "--quick", "--out",
+    assert argv[1:] == ["-m", "bench_fake", "--batch", "1", "2", "--quick", "--out",
                         str(tmp_path / "o.json")]
 
 
@@ -279,7 +269,7 @@ def test_failing_child_recorded_and_others_run(tmp_path, monkeypatch, capsys):
     assert "it broke" in bad["stderr_tail"]
     assert done["skipped"] == {"missing": "bench_missing.py not found"}
     assert done["runs"]["bad"]["ok"] is False and done["runs"]["good"]["ok"] is True
-    assert done["runs"]["good"]["command"] == "python bench_good.py"
+    assert done["runs"]["good"]["command"] == "python -m bench_good"
     out = capsys.readouterr().out
     assert "[1/2] bad" in out and "working" in out and "bad FAILED (exit status 3)" in out
     rep = R.merge(MACHINE, "t", "cmd", {"quick": True}, done)
@@ -308,7 +298,7 @@ def test_main_writes_json_png_markdown_and_readme(tmp_path, monkeypatch):
     assert tag.endswith("_quick")
     rep = json.loads((out / f"{tag}.json").read_text())
     assert rep["runs"]["decode_step"]["command"] == (
-        "python bench_decode_step.py --device cpu --batch 1 4 16")
+        "python -m bench_decode_step --device cpu --batch 1 4 16")
     assert rep["failures"]["bad"]["returncode"] == 2
     assert rep["benchmarks"]["decode_step"]["benchmark"] == "decode_step"
     assert (out / f"{tag}.png").exists()
@@ -320,9 +310,9 @@ def test_main_writes_json_png_markdown_and_readme(tmp_path, monkeypatch):
 def test_child_without_json_or_too_slow_fails(tmp_path):
     rec = R.run_child([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.3)
     assert rec["timed_out"] and rec["elapsed_s"] < 4
-    assert R._read_payload(rec, tmp_path / "none.json")[1].startswith("timed out")
+    assert R.read_payload(rec, tmp_path / "none.json")[1].startswith("timed out")
     rec = R.run_child([sys.executable, "-c", "pass"])
-    assert "no JSON" in R._read_payload(rec, tmp_path / "none.json")[1]
+    assert "no JSON" in R.read_payload(rec, tmp_path / "none.json")[1]
 
 
 @pytest.mark.parametrize("name", ["decode_step", "decode_attention", "fusion", "gears",

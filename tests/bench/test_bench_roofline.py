@@ -1,34 +1,24 @@
-"""The roofline columns of bench/bench_decode_step.py (floor, x floor) and the per-op profile
+"""The roofline columns of bench.bench_decode_step (floor, x floor) and the per-op profile
 table, from one tiny run of the benchmark (FX engine only). Nothing about speed is asserted: only
 that the fields exist, the floor is positive and each multiple is its time over the floor."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
 from torchair.ops.matmul import cpu as _mm
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from bench import _profile as P
+from bench import bench_decode_step as bench
 
 
 @pytest.fixture(scope="module")
 def payload(tmp_path_factory):
-    bench = _load("bench_decode_step")
     out = tmp_path_factory.mktemp("roofline") / "decode_step.json"
     threads = torch.get_num_threads()
     try:  # one thread: fast on a busy machine; --warm-cache: leave Inductor's config alone
@@ -102,7 +92,6 @@ def test_profile_table_in_json(payload):
 
 
 def test_op_table_and_formatting_from_a_small_profile():
-    P = _load("_profile")
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     prof = P.profile_steps(lambda i: (a @ b).relu_(), range(4))
     rows = P.op_table(prof, 4)
@@ -118,7 +107,6 @@ def test_op_table_and_formatting_from_a_small_profile():
 
 
 def test_roofline_helpers():
-    from torchair.demo._roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
     assert kv_read_bytes([3, 5], kv_hidden=4, layers=2, itemsize=4) == 2 * 2 * 4 * 4 * 8
     assert floor_us(10.0, 2e4, 1.0) == pytest.approx(30.0)  # 2e4 B at 1 GB/s = 20 us
     assert x_floor(50.0, 25.0) == 2.0 and x_floor(None, 1.0) is None and x_floor(1.0, 0) is None
@@ -143,7 +131,6 @@ def test_roofline_helpers():
 def test_torchair_mm_variant_builds_with_the_switch_off(monkeypatch):
     """``torchair-mm``: the compiling (first) call sees TORCHAIR_SMALL_GEMM=0, later calls and
     the rest of the process see the environment as it was."""
-    bench = _load("bench_decode_step")
     monkeypatch.setenv(_mm.ENV_SWITCH, "1")
     seen = []
 
@@ -153,11 +140,11 @@ def test_torchair_mm_variant_builds_with_the_switch_off(monkeypatch):
             raise RuntimeError(x)
         return x
 
-    call = bench._built_with(compiled, {_mm.ENV_SWITCH: "0"})
+    call = bench.built_with(compiled, {_mm.ENV_SWITCH: "0"})
     assert call(1) == 1 and call(2) == 2
     assert seen == ["0", "1"] and os.environ[_mm.ENV_SWITCH] == "1"
     monkeypatch.delenv(_mm.ENV_SWITCH)
-    failing = bench._built_with(compiled, {_mm.ENV_SWITCH: "0"})
+    failing = bench.built_with(compiled, {_mm.ENV_SWITCH: "0"})
     with pytest.raises(RuntimeError):
         failing("boom")
     assert _mm.ENV_SWITCH not in os.environ  # put back even when the first call raised

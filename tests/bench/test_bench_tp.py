@@ -1,6 +1,6 @@
-"""bench/bench_tp.py --quick runs its own 2-rank gloo world (bounded) and saves every row: TP=1
-and TP=2, eager and torchair, plus the all_reduce and no-reduce diagnostics; TP=2 and TP=1
-torchair were checked against TP=1 eager before timing. Nothing about speed is asserted."""
+"""``python -m bench.bench_tp --quick`` runs its own 2-rank gloo world (bounded) and saves every
+row: TP=1 and TP=2, eager and torchair, plus the all_reduce and no-reduce diagnostics; TP=2 and
+TP=1 torchair were checked against TP=1 eager before timing. Nothing about speed is asserted."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ def test_quick_run_saves_every_row(tmp_path):
     out = tmp_path / "tp.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_tp.py"), "--quick",
+    proc = subprocess.run([sys.executable, "-m", "bench.bench_tp", "--quick",
                            "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -36,7 +36,7 @@ import torch._dynamo
 import torchair
 from torchair.demo import _tp, step
 from torchair.demo._progress import Bar
-from torchair.demo._roofline import read_bandwidth
+from torchair.demo.roofline import read_bandwidth
 from torchair.demo.model import DemoConfig, Decoder, PagedKVCache
 
 __all__ = ["main"]

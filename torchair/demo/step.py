@@ -15,7 +15,7 @@ import torch._dynamo
 
 import torchair
 from torchair.demo._progress import Bar
-from torchair.demo._roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
+from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
 from torchair.demo.model import DemoConfig, Decoder, PagedKVCache
 from torchair.inference import set_dim_gears
 

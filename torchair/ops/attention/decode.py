@@ -19,7 +19,8 @@ with nothing attended gives zeros. Output [B, N, D] in q's dtype.
 
 ``decode_attention_reference`` is the oracle (plain PyTorch, float32, dense); it never reads
 tensor values on the host, so it may run inside a CUDA graph capture. ``decode_attention``
-dispatches to the fastest kernel registered for the device (``register_decode_kernel``).
+dispatches to the fastest kernel registered for the device (``register_decode_kernel``;
+``registered_decode_kernel`` says which, if any).
 """
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ def register_decode_kernel(device_type: str) -> Callable[[Callable], Callable]:
         return fn
 
     return wrap
+
+
+def registered_decode_kernel(device_type: str) -> Callable | None:
+    """The decode kernel registered for ``device_type`` ("cpu", "cuda"), or None: then
+    :func:`decode_attention` runs the reference there."""
+    return _kernels.get(device_type)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
