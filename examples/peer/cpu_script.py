@@ -4,6 +4,7 @@
 import sys
 
 import torch
+
 import torchair
 from torchair.configs.compiler_config import CompilerConfig
 

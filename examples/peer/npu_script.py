@@ -7,6 +7,7 @@ import sys
 
 import torch
 import torch_npu
+
 import torchair
 from torchair.configs.compiler_config import CompilerConfig
 

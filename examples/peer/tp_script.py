@@ -14,6 +14,7 @@ import os
 import torch
 import torch.distributed as dist
 import torch_npu  # noqa: F401  (Ascend scripts import it; torchair run emulates it)
+
 import torchair
 
 

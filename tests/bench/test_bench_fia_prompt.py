@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from torchair.ops.attention.cpu import launch_library as _launch
-
 from bench import bench_fia_prompt as bench
+from torchair.ops.attention.cpu import launch_library as _launch
 
 
 @pytest.mark.skipif(not _launch.available(), reason="needs the launch kernels")

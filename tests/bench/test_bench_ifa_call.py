@@ -7,9 +7,8 @@ import json
 
 import pytest
 
-from torchair.ops.attention.cpu import native as _decode_native
-
 from bench import bench_ifa_call as bench
+from torchair.ops.attention.cpu import native as _decode_native
 
 
 @pytest.mark.skipif(not _decode_native.available(), reason="needs the native kernel")

@@ -10,11 +10,10 @@ import os
 import pytest
 import torch
 
-from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
-from torchair.ops.matmul import cpu as _mm
-
 from bench import _profile as P
 from bench import bench_decode_step as bench
+from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
+from torchair.ops.matmul import cpu as _mm
 
 
 @pytest.fixture(scope="module")

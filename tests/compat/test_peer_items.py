@@ -13,7 +13,6 @@ import textwrap
 import pytest
 import torch
 
-import torchair
 from torchair import compat
 
 HEADER_NPU = """

@@ -3,12 +3,9 @@ user can see here too: scope attributes on the compiled graph's ops, the DEBUG l
 user's custom passes, the ``## FX Code`` lines of a py dump. Each test names the peer test it
 mirrors. TorchAir checks its GE graph's op attributes; here the same attributes are the
 ``node.meta`` entries of the optimized FX graph (shown by graph dumps and the report)."""
-import json
-import logging
 import os
 import re
 
-import pytest
 import torch
 
 import torchair

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from torchair.configs import CompilerConfig
-from torchair.configs._option import BOOL, ConfigNode, Option, OptionValue
+from torchair.configs._option import ConfigNode, Option, OptionValue
 
 # TorchAir's option tree (python/torchair/configs/*.py): every option with its default. Written
 # out by hand from TorchAir's sources, independent of torchair's declarations.

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchair.demo
-from torchair.demo import run as demo_run, step as demo_step
+from torchair.demo import step as demo_step
 
 TINY = ["--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--vocab", "64",
         "--steps", "5", "--prompt-len", "3", "--no-progress"]

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import torchair.demo
-from torchair.demo.model import DemoConfig, Decoder
 from tests.demo.test_demo import _run
+from torchair.demo.model import Decoder, DemoConfig
 
 
 def test_moe_demo_tokens_equal_eager_one_static_graph(tmp_path, capsys):

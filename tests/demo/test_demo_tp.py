@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import torchair.demo
-from torchair.demo import _tp
-from torchair.demo.model import DemoConfig, Decoder, shard
+from torchair.demo.model import Decoder, DemoConfig, shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = ["--tp", "2", "--steps", "4", "--batch", "1", "--layers", "1", "--hidden", "64",

@@ -162,6 +162,7 @@ def check_gears(rank: int, world: int, backend=None) -> dict:
     each gear's output equal to eager on every rank. FX engine; Inductor when the world runs
     with ``inductor`` (``backend`` given)."""
     from torch._dynamo.testing import CompileCounterWithBackend
+
     from torchair.inference import set_dim_gears
 
     torch._dynamo.reset()

@@ -7,6 +7,7 @@ import socket
 import time
 import warnings
 
+import _world  # noqa: E402 - beside this file (pytest puts its folder on sys.path)
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,7 +15,6 @@ import torch.distributed._functional_collectives as fc
 import torch.multiprocessing as mp
 
 import torchair
-import _world  # noqa: E402 - beside this file (pytest puts its folder on sys.path)
 
 WORLD = 2
 HOST = "inside the launch unit (gloo, host)"

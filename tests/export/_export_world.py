@@ -15,10 +15,10 @@ def worker(rank: int, world: int, port: int, export_path: str, out_dir: str) -> 
     try:
         import torch
         import torch.distributed as dist
+        from _export_models import AllReduceModel
 
         import torchair
         from torchair.export import _export
-        from _export_models import AllReduceModel
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=120))

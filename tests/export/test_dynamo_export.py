@@ -16,14 +16,13 @@ import sys
 import time
 import zipfile
 
+import _export_models as models  # noqa: E402 - beside this file (pytest puts it on sys.path)
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 import torchair
 from torchair.compat import emulate_npu
-
-import _export_models as models  # noqa: E402 - beside this file (pytest puts it on sys.path)
 
 pytestmark = pytest.mark.inductor
 

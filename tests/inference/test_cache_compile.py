@@ -322,7 +322,7 @@ def test_errors(tmp_path):
     import functools
 
     class Decorated(torch.nn.Module):
-        @functools.lru_cache(maxsize=None)
+        @functools.lru_cache(maxsize=None)  # noqa: B019 (the decorated method under test)
         def f(self, x):
             return x
 
@@ -398,7 +398,7 @@ def test_ge_cache_warm_start_loads_the_library_without_inductor_or_dynamo(tmp_pa
             "dynamo": "torch._dynamo" in sys.modules, "inductor": "torch._inductor" in sys.modules}}))
     '''))
     runs, logs = [], []
-    for phase in ("cold", "warm"):
+    for _phase in ("cold", "warm"):
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                               timeout=600, env=dict(os.environ, TORCHAIR_LOG_LEVEL="INFO"))
         assert done.returncode == 0, done.stdout + done.stderr

@@ -1,8 +1,8 @@
 """Shared check of the CPU decode kernel (either implementation) against the reference."""
 import torch
 
-from torchair.ops.attention.decode import decode_attention_reference
 from torchair.ops.attention.cpu.decode import decode_attention_cpu
+from torchair.ops.attention.decode import decode_attention_reference
 
 TOL = {torch.float32: {"atol": 2e-5, "rtol": 2e-5}, torch.float16: {"atol": 2e-3, "rtol": 2e-3},
        torch.bfloat16: {"atol": 1.6e-2, "rtol": 1.6e-2}}

@@ -3,15 +3,15 @@
 
 import pytest
 import torch
-
-from _decode_check import TOL, check_cpu_kernel as _check
+from _decode_check import TOL
+from _decode_check import check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
 from torchair.ops.attention import decode as _decode
 from torchair.ops.attention.cpu import decode as _decode_cpu
-from torchair.ops.attention.decode import decode_attention, decode_attention_reference
 from torchair.ops.attention.cpu.decode import decode_attention_cpu
+from torchair.ops.attention.decode import decode_attention, decode_attention_reference
 
 
 @pytest.fixture(params=[None, 8], ids=["auto-chunk", "chunk8"])

@@ -7,15 +7,15 @@ import shutil
 
 import pytest
 import torch
-
 from _decode_check import check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
-from torchair.ops.attention.cpu import decode as _decode_cpu, native as _decode_native
-from torchair.ops.toolchain import native as _native
-from torchair.ops.attention.decode import decode_attention_reference
+from torchair.ops.attention.cpu import decode as _decode_cpu
+from torchair.ops.attention.cpu import native as _decode_native
 from torchair.ops.attention.cpu.decode import decode_attention_cpu
+from torchair.ops.attention.decode import decode_attention_reference
+from torchair.ops.toolchain import native as _native
 
 SESSION_CACHE = os.environ[_native.ENV_CACHE]  # the session's private cache (tests/conftest.py)
 HAVE_CC = shutil.which(os.environ.get("CC") or "cc") is not None

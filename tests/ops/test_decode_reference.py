@@ -1,7 +1,6 @@
 """The canonical decode reference against an independent per-sequence, per-head float64 loop."""
 import pytest
 import torch
-
 from _paging import block_table, to_blocks
 
 from torchair.ops.attention.decode import decode_attention_reference

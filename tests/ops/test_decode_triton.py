@@ -19,8 +19,8 @@ pytest.importorskip("triton")
 from _interpreter import run_interpreted
 from _paging import block_table, to_blocks
 
-from torchair.ops.attention.triton import decode as dt
 from torchair.ops.attention.decode import _kernels, decode_attention_reference
+from torchair.ops.attention.triton import decode as dt
 
 INTERPRETED = dt.interpreted()
 ROOT = pathlib.Path(__file__).resolve().parents[2]

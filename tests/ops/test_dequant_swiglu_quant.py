@@ -8,8 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchair.ops  # noqa: F401 (registers)
 from torchair.ops.quant import cpu as _quant_cpu
-from torchair.ops.quant.dequant_swiglu_quant import (dequant_swiglu_quant_reference,
-                                                     prepare_dequant_swiglu_quant)
+from torchair.ops.quant.dequant_swiglu_quant import dequant_swiglu_quant_reference, prepare_dequant_swiglu_quant
 
 OP = torch.ops.npu.npu_dequant_swiglu_quant
 

@@ -10,8 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchair.ops  # noqa: F401 (registers the ops)
 from torchair.ops.norm import cpu as _norm_cpu
-from torchair.ops.quant.dynamic_quant import (add_rms_norm_dynamic_quant_reference,
-                                              dynamic_quant_reference)
+from torchair.ops.quant.dynamic_quant import add_rms_norm_dynamic_quant_reference, dynamic_quant_reference
 
 DQ = torch.ops.npu.npu_dynamic_quant
 FUSED = torch.ops.npu.npu_add_rms_norm_dynamic_quant

@@ -9,14 +9,13 @@ import types
 
 import pytest
 import torch
+from _units import compile_static, op_calls
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
 import torchair.ops
 from torchair.compat._torch_npu import make_torch_npu
 from torchair.ops.attention.fia_graph import npu_fused_infer_attention_score as GRAPH_FORM
-
-from _units import compile_static, op_calls
 
 OP = torch.ops.npu.npu_fused_infer_attention_score
 TWIN = torch.ops.npu.npu_fused_infer_attention_score_tensor

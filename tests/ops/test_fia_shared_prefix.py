@@ -13,8 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import torchair
 import torchair.ops
 from torchair.ops import get_value_dependent
-from torchair.ops.attention.fused_infer_attention_score import (
-    fused_infer_attention_score_reference)
+from torchair.ops.attention.fused_infer_attention_score import fused_infer_attention_score_reference
 
 OP = torch.ops.npu.npu_fused_infer_attention_score
 TWIN = torch.ops.npu.npu_fused_infer_attention_score_tensor

@@ -10,8 +10,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 import torchair
 import torchair.ops  # noqa: F401 (registers the ops)
-from torchair.ops.moe.grouped_matmul import (grouped_matmul_masked, grouped_matmul_reference,
-                                             plan_grouped_matmul)
+from torchair.ops.moe.grouped_matmul import grouped_matmul_masked, grouped_matmul_reference, plan_grouped_matmul
 
 GMM = torch.ops.npu.npu_grouped_matmul
 

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 import torchair
-from tests.ops._units import compile_static as _compile, op_calls as _op_calls, same_error
 from tests.ops._paging import block_table
-from torchair.ops.attention.cpu import launch_library as _launch
+from tests.ops._units import compile_static as _compile
+from tests.ops._units import op_calls as _op_calls
+from tests.ops._units import same_error
 from torchair.ops.attention.cpu import launch_fakes as _fakes
+from torchair.ops.attention.cpu import launch_library as _launch
 
 pytestmark = pytest.mark.skipif(not _launch.available(),
                                 reason="needs the launch kernels (a C and a C++ compiler)")

@@ -13,8 +13,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 import torchair
 import torchair.ops  # noqa: F401 (registers the ops)
 from torchair.ops.moe.gating import moe_gating_top_k_reference
-from torchair.ops.moe.routing import (compute_expert_tokens_reference, finalize_routing_reference,
-                                      init_routing_reference)
+from torchair.ops.moe.routing import compute_expert_tokens_reference, finalize_routing_reference, init_routing_reference
 
 GATING = torch.ops.npu.npu_moe_gating_top_k
 INIT = torch.ops.npu.npu_moe_init_routing

@@ -16,10 +16,9 @@ import triton.language as tl  # noqa: E402
 
 import torchair.ops  # noqa: E402,F401 (registers the ops)
 from torchair.ops.norm import triton as nt  # noqa: E402
-from torchair.ops.toolchain.triton_utils import rint  # noqa: E402
-from torchair.ops.quant.dynamic_quant import (add_rms_norm_dynamic_quant_reference,  # noqa: E402
-                                              dynamic_quant_reference)
 from torchair.ops.norm.rms_norm import add_rms_norm_cast_reference, rms_norm_reference  # noqa: E402
+from torchair.ops.quant.dynamic_quant import add_rms_norm_dynamic_quant_reference, dynamic_quant_reference  # noqa: E402
+from torchair.ops.toolchain.triton_utils import rint  # noqa: E402
 
 INTERPRETED = nt.interpreted()
 interp = pytest.mark.skipif(not INTERPRETED,

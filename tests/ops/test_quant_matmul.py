@@ -8,8 +8,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torchair.ops  # noqa: F401 (registers)
 from torchair.ops.quant import cpu as _quant_cpu
-from torchair.ops.quant.quant_matmul import (decode_int64_scale, prepare_quant_matmul,
-                                             quant_matmul_reference)
+from torchair.ops.quant.quant_matmul import decode_int64_scale, prepare_quant_matmul, quant_matmul_reference
 
 OP = torch.ops.npu.npu_quant_matmul
 

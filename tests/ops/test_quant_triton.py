@@ -21,8 +21,7 @@ from _interpreter import run_interpreted
 
 import torchair.ops  # noqa: F401 (registers)
 from torchair.ops.quant import triton as qt
-from torchair.ops.quant.dequant_swiglu_quant import (prepare_dequant_swiglu_quant,
-                                                     swiglu_quant_reference)
+from torchair.ops.quant.dequant_swiglu_quant import prepare_dequant_swiglu_quant, swiglu_quant_reference
 from torchair.ops.quant.quant_matmul import prepare_quant_matmul, quant_matmul_reference
 
 INTERPRETED = qt.interpreted()

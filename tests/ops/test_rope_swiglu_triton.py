@@ -19,7 +19,6 @@ from torchair.ops.rope import rotary  # noqa: E402
 from torchair.ops.rope import triton as rt  # noqa: E402
 from torchair.ops.rope.common import rope_reference  # noqa: E402
 from torchair.ops.rope.kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache_reference  # noqa: E402
-
 from torchair.ops.toolchain.triton_utils import interpreted  # noqa: E402
 
 INTERPRETED = interpreted()

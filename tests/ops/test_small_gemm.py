@@ -15,8 +15,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
 from torchair.ops.matmul import cpu as _mm
-from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.ops.toolchain import native as _native
+from torchair.runtime.binders.small_products import SmallProductBinder
 
 pytestmark = pytest.mark.skipif(not _mm.available(),
                                 reason="needs the small-product kernel (a C++ compiler, AVX2)")

@@ -12,12 +12,10 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import torchair.ops  # noqa: F401 (registers npu ops)
 from torchair.plan.dump import render_pbtxt, render_txt, write_dump
 from torchair.plan.inputs import describe_inputs
 from torchair.plan.ir import IRNode, to_ir
-
-import torchair.ops  # noqa: F401 (registers npu ops)
-
 
 # ------------------------------------------------------------------------------ helpers
 

@@ -19,8 +19,8 @@ import torchair
 from torchair.plan.analysis import analyze
 from torchair.plan.inputs import describe_inputs
 from torchair.plan.sink import SUNK_INPUT_NAME, HostScalarProgram, _Ref, sink_scalars
-from torchair.runtime.staging import InputStager, SunkScalars
 from torchair.runtime import units
+from torchair.runtime.staging import InputStager, SunkScalars
 from torchair.runtime.units import capture_mode, default_capture
 
 B, S, H, HEADS = 2, 16, 32, 4

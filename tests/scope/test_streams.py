@@ -9,10 +9,10 @@ import torch
 import torch.fx as fx
 
 import torchair
+from torchair.base.meta import PRIORITY_KEY, STREAM_KEY, WAITS_KEY
 from torchair.core import recorder
 from torchair.passes import StreamScopePass
 from torchair.runtime import units
-from torchair.base.meta import PRIORITY_KEY, STREAM_KEY, WAITS_KEY
 from torchair.scope._markers import STREAM_BEGIN, STREAM_END, WAIT
 from torchair.scope._stream_runtime import EmulatedStreams, with_streams
 

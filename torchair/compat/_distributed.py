@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from torchair.compat._errors import NotEmulatedError
 from torchair.base.log import logger
+from torchair.compat._errors import NotEmulatedError
 
 __all__ = ["NPU_ONLY", "default_timeout", "distributed_patches", "make_torch_npu_distributed",
            "map_backend"]

@@ -25,11 +25,11 @@ from typing import Any, Callable
 
 import torch
 
+from torchair.base.log import logger
 from torchair.compat._device import _index_of, to_emulated
 from torchair.compat._errors import module_getattr
 from torchair.compat._settings import settings_api
 from torchair.compat._streams import stream_api
-from torchair.base.log import logger
 
 __all__ = ["HostDeviceProperties", "make_npu_namespace"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchair.compat._errors import not_emulated
 from torchair.base.log import logger
+from torchair.compat._errors import not_emulated
 
 __all__ = ["Settings", "settings_api"]
 

@@ -27,8 +27,8 @@ import sys
 import types
 from typing import Any, Callable
 
-from torchair.compat._errors import module_getattr
 from torchair.base.log import logger
+from torchair.compat._errors import module_getattr
 
 __all__ = ["CUDA_AS_NPU", "EMULATED_MODULES", "TorchNpuFinder", "make_package",
            "not_emulated_module", "transfer_patches"]

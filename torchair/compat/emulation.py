@@ -29,18 +29,23 @@ from typing import Any, Callable
 
 import torch
 
+from torchair.base.log import logger
 from torchair.compat._children import DEVICE_ENV, child_env_patches, is_shim, thread_bootstrap
 from torchair.compat._device import emulated_string, resolve_device
 from torchair.compat._distributed import distributed_patches, make_torch_npu_distributed
-from torchair.compat._mode import (NpuDeviceMode, make_device_class, pop_mode, route_factories,
-                                   routes_factories_after_compile, unroute_factories)
+from torchair.compat._mode import (
+    NpuDeviceMode,
+    make_device_class,
+    pop_mode,
+    route_factories,
+    routes_factories_after_compile,
+    unroute_factories,
+)
 from torchair.compat._npu_namespace import make_npu_namespace
 from torchair.compat._streams import host_record_stream
-from torchair.compat._submodules import (TorchNpuFinder, inline_script_wrappers, make_package,
-                                         transfer_patches)
+from torchair.compat._submodules import TorchNpuFinder, inline_script_wrappers, make_package, transfer_patches
 from torchair.compat._torch_npu import make_torch_npu
 from torchair.core.function_modes import register_process_mode
-from torchair.base.log import logger
 
 __all__ = ["Emulation", "emulate_npu", "install_in_child", "is_emulated", "restore"]
 

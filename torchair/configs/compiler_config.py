@@ -19,8 +19,24 @@ start as TorchAir's). Each option says what it does here: ``works``, ``no effect
 
 from __future__ import annotations
 
-from ._option import (ANY, BOOL, CALLABLE, DIR, FILE, INT_LIST, JSON_FILE, NO_EFFECT,
-                      NOT_SUPPORTED, OUT_DIR, STR, ConfigNode, IntRange, Option, Regex, SubConfig)
+from ._option import (
+    ANY,
+    BOOL,
+    CALLABLE,
+    DIR,
+    FILE,
+    INT_LIST,
+    JSON_FILE,
+    NO_EFFECT,
+    NOT_SUPPORTED,
+    OUT_DIR,
+    STR,
+    ConfigNode,
+    IntRange,
+    Option,
+    Regex,
+    SubConfig,
+)
 
 __all__ = [
     "CompilerConfig",

@@ -11,10 +11,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from torchair.base.gears import get_dim_gears
+from torchair.base.log import env_switch, logger
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core.pipeline import GraphSignature, compile_graph
-from torchair.base.log import env_switch, logger
-from torchair.base.gears import get_dim_gears
 
 ENV_SPECIALIZE_FLOATS = "TORCHAIR_SPECIALIZE_ATTRIBUTE_FLOATS"
 

@@ -12,10 +12,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from torchair.base.gears import GearDim, GearTable, merge_gears
+from torchair.base.log import logger
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core import recorder
-from torchair.base.log import logger
-from torchair.base.gears import GearDim, GearTable, merge_gears
 from torchair.passes import default_passes, run_passes
 from torchair.plan import collectives as _collectives
 from torchair.plan.analysis import Analysis, analyze

@@ -28,8 +28,8 @@ import torch.distributed as dist
 import torchair
 from torchair.demo import step
 from torchair.demo._progress import Bar
+from torchair.demo.model import Decoder, DemoConfig, PagedKVCache, shard
 from torchair.demo.roofline import read_bandwidth, x_floor
-from torchair.demo.model import DemoConfig, Decoder, PagedKVCache, shard
 
 __all__ = ["launch", "worker"]
 

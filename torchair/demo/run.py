@@ -36,8 +36,8 @@ import torch._dynamo
 import torchair
 from torchair.demo import _tp, step
 from torchair.demo._progress import Bar
+from torchair.demo.model import Decoder, DemoConfig, PagedKVCache
 from torchair.demo.roofline import read_bandwidth
-from torchair.demo.model import DemoConfig, Decoder, PagedKVCache
 
 __all__ = ["main"]
 

@@ -15,8 +15,8 @@ import torch._dynamo
 
 import torchair
 from torchair.demo._progress import Bar
+from torchair.demo.model import Decoder, DemoConfig, PagedKVCache
 from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
-from torchair.demo.model import DemoConfig, Decoder, PagedKVCache
 from torchair.inference import set_dim_gears
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from torchair.configs.compiler_config import CompilerConfig
 from torchair.base.log import logger, progress
+from torchair.configs.compiler_config import CompilerConfig
 from torchair.export import _describe
 from torchair.export._layout import ExportLayout, layout_for
 from torchair.export._trace import check_ops, collectives_in, trace

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from torchair.configs.compiler_config import CompilerConfig
 from torchair.base.log import logger
+from torchair.configs.compiler_config import CompilerConfig
 from torchair.inference import _cache_store as store
 from torchair.runtime import engines
 

@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import torch
 
-from torchair.configs._option import portable
 from torchair.base.log import env_switch
 from torchair.base.version import VERSION
+from torchair.configs._option import portable
 
 
 def _sha(text: str | bytes) -> str:

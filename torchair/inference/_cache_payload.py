@@ -20,8 +20,7 @@ from torchair.core import recorder
 from torchair.inference import _cache_key as keys
 from torchair.inference import _cache_store as store
 from torchair.inference._cache_cold import ColdState
-from torchair.inference._cache_io import (NotCacheable, aot_outputs_spec, info_to_json,
-                                          output_spec, program_to_graph)
+from torchair.inference._cache_io import NotCacheable, aot_outputs_spec, info_to_json, output_spec, program_to_graph
 from torchair.inference._graph_io import graph_code, graph_to_json
 from torchair.runtime import engines
 

@@ -17,8 +17,7 @@ import os
 import pathlib
 import stat
 
-from torchair.base.files import (FILE_MODE, UnsafeCacheError, check_dir, check_owner_and_mode,
-                                 fix_hint, read_all)
+from torchair.base.files import FILE_MODE, UnsafeCacheError, check_dir, check_owner_and_mode, fix_hint, read_all
 from torchair.inference._cache_manifest import MANIFEST, BrokenCacheError, parse_manifest
 
 __all__ = ["read_entry"]

@@ -15,11 +15,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torchair.inference import _cache_store as store
-from torchair.inference._cache_io import (NotCacheable, build_output, graph_outputs,
-                                          info_from_json, program_from_graph)
-from torchair.inference._graph_io import graph_from_json
 from torchair.base.gears import GearDim, GearTable, get_dim_gears
+from torchair.inference import _cache_store as store
+from torchair.inference._cache_io import NotCacheable, build_output, graph_outputs, info_from_json, program_from_graph
+from torchair.inference._graph_io import graph_from_json
 from torchair.inference.guards import GuardSet, TensorMemo
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units

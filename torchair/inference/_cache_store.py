@@ -31,12 +31,19 @@ import secrets
 import shutil
 import stat
 
-from torchair.base.files import (DIR_MODE, TMP_PREFIX, UnsafeCacheError, check_dir, ensure_dir,
-                                 fsync_dir, read_all, write_new_file)
+from torchair.base.files import (
+    DIR_MODE,
+    TMP_PREFIX,
+    UnsafeCacheError,
+    check_dir,
+    ensure_dir,
+    fsync_dir,
+    read_all,
+    write_new_file,
+)
 from torchair.base.leftovers import LEFTOVER_MAX_AGE_ENV, LEFTOVER_PREFIXES, sweep_leftovers
 from torchair.base.log import logger
-from torchair.inference._cache_manifest import (MANIFEST, BrokenCacheError, build_manifest,
-                                                check_name)
+from torchair.inference._cache_manifest import MANIFEST, BrokenCacheError, build_manifest, check_name
 from torchair.inference._cache_read import read_entry
 from torchair.inference._cache_tensors import dump_tensors, load_tensors
 

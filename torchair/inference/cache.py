@@ -44,17 +44,23 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from torchair.base.log import logger
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core import recorder
-from torchair.base.log import logger
 from torchair.inference import _cache_key as keys
 from torchair.inference import _cache_store as store
 from torchair.inference._cache_args import Frame, apply_static_marks, mark_static
-from torchair.inference._cache_cold import (ColdState, ahead_of_time, recording_backend, releasing,
-                                            sweep_entry)
+from torchair.inference._cache_cold import ColdState, ahead_of_time, recording_backend, releasing, sweep_entry
 from torchair.inference._cache_io import NotCacheable, info_from_json, tensor_stores
-from torchair.inference._cache_payload import (FORMAT, entry_files, fx_only, has_library,
-                                               known_vec_isa, library_files, stale_reason)
+from torchair.inference._cache_payload import (
+    FORMAT,
+    entry_files,
+    fx_only,
+    has_library,
+    known_vec_isa,
+    library_files,
+    stale_reason,
+)
 from torchair.inference._cache_readable import readable_cache
 from torchair.inference._cache_runtime import Runtime
 from torchair.inference._graph_io import UnserializableGraph

@@ -16,8 +16,15 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from torchair.base.gears import (DIM_GEARS_ATTR, MAX_COMBINATIONS, POLICIES, GearDim, GearTable,
-                                 get_dim_gears, merge_gears)
+from torchair.base.gears import (
+    DIM_GEARS_ATTR,
+    MAX_COMBINATIONS,
+    POLICIES,
+    GearDim,
+    GearTable,
+    get_dim_gears,
+    merge_gears,
+)
 
 MIN_GEARS, MAX_GEARS = 2, 100
 

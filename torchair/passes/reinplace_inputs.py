@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from torchair.passes._base import GraphPass
 from torchair.base.meta import META_ATTRS
+from torchair.passes._base import GraphPass
 
 aten = torch.ops.aten
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from torchair.passes._base import GraphPass
 from torchair.base.meta import PRIORITY_KEY, STREAM_KEY, WAITS_KEY
+from torchair.passes._base import GraphPass
 from torchair.scope._markers import STREAM_BEGIN, WAIT, is_marker, is_stream_marker
 
 _WHY = ("a custom pass moved or removed a marker, or the region was split across graphs by a "

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch.fx as fx
 
 from torchair.base.log import logger
-from torchair.passes._base import GraphPass
 from torchair.base.meta import OPTIONS_KEY, SCOPE_KEY
+from torchair.passes._base import GraphPass
 from torchair.scope._markers import BEGIN, is_marker, is_stream_marker
 from torchair.scope._options import check_options
 

@@ -4,8 +4,13 @@ Both run in :class:`torchair.passes.pattern_fusion.PatternFusionPass`.
 """
 from __future__ import annotations
 
-from torchair.patterns.replacement import (apply_patterns, register_replacement,
-                                           registered_patterns, torch_supported, trace_forward)
+from torchair.patterns.replacement import (
+    apply_patterns,
+    register_replacement,
+    registered_patterns,
+    torch_supported,
+    trace_forward,
+)
 
 
 def ensure_default_patterns() -> None:

@@ -22,8 +22,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from torchair.base.log import logger
-from torchair.plan.inputs import InputInfo
 from torchair.base.meta import META_ATTRS
+from torchair.plan.inputs import InputInfo
 from torchair.plan.ir import IRNode, format_value, to_ir
 
 __all__ = ["write_dump", "dump_file_name", "render_txt", "render_pbtxt", "render_py",

@@ -21,8 +21,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from torchair.base.meta import (ASCEND_KEYS, META_ATTRS, OPTIONS_KEY, PRIORITY_KEY, SCOPE_KEY,
-                                STREAM_KEY)
+from torchair.base.meta import ASCEND_KEYS, META_ATTRS, OPTIONS_KEY, PRIORITY_KEY, SCOPE_KEY, STREAM_KEY
 from torchair.base.registry import get_value_dependent
 from torchair.plan.inputs import InputInfo, dtype_name, ir_shape, is_symbolic
 

@@ -93,7 +93,7 @@ class GraphReport:
         lines += [f"  super_kernel scope {k!r}: {', '.join(v) or '(no ops)'}"
                   for k, v in self.scopes.items()]
         lines += _scope_attribute_lines(self.scope_attributes)
-        for scope, plan in self.segments.items():
+        for plan in self.segments.values():
             launch = plan.get("launch") or [""] * len(plan["segments"])
             lines += [f"    segment {i + 1}: {', '.join(seg)}" + (f" -> {how}" if how else "")
                       for i, (seg, how) in enumerate(zip(plan["segments"], launch))]

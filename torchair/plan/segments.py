@@ -28,10 +28,10 @@ from typing import Iterable
 import torch
 import torch.fx as fx
 
+from torchair.base.meta import OPTIONS_KEY, SCOPE_KEY, STREAM_KEY, WAITS_KEY
 from torchair.base.registry import get_value_dependent
 from torchair.plan.analysis import HOST_SYNC_OPS
 from torchair.plan.inputs import InputInfo
-from torchair.base.meta import OPTIONS_KEY, SCOPE_KEY, STREAM_KEY, WAITS_KEY
 from torchair.scope._options import parse_options
 from torchair.scope._stream_runtime import graph_module
 

@@ -208,8 +208,7 @@ def dynamic_output_marks(meta: Any) -> tuple[Callable[[Any, set], None],
     dims), ...))`` with PyTorch's own marking function, or None when this PyTorch does it some
     other way (then the wrapper must run)."""
     try:
-        from torch._functorch._aot_autograd.runtime_wrappers import (
-            mark_dynamo_propagated_dynamic_indices as mark)
+        from torch._functorch._aot_autograd.runtime_wrappers import mark_dynamo_propagated_dynamic_indices as mark
         marks = tuple((i, set(o.dynamic_dims)) for i, o in enumerate(meta.output_info)
                       if o.dynamic_dims is not None)  # an empty set is marked too, as there
     except (ImportError, AttributeError, TypeError):

@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torchair.base.log import logger
 from torchair.base.gears import GearTable
+from torchair.base.log import logger
 from torchair.plan.report import GraphReport
 
 

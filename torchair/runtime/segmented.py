@@ -40,8 +40,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torchair.base.log import logger
 from torchair.plan.inputs import InputInfo
 from torchair.plan.report import GraphReport
-from torchair.plan.segments import (SegmentCut, count_launches, cut_segment, remap_waits,
-                                    symbolic_inputs)
+from torchair.plan.segments import SegmentCut, count_launches, cut_segment, remap_waits, symbolic_inputs
 from torchair.runtime import capture as _capture
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.staging import InputStager

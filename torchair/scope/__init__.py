@@ -11,8 +11,7 @@ timeouts, device data-dump ranges, profiler marks): they are checked and recorde
 """
 from __future__ import annotations
 
-from torchair.scope._ascend_only import (data_dump, limit_core_num, op_never_timeout,
-                                         profiler_trace, scope_attributes)
+from torchair.scope._ascend_only import data_dump, limit_core_num, op_never_timeout, profiler_trace, scope_attributes
 from torchair.scope._stream_switch import npu_stream_switch, npu_wait_tensor
 from torchair.scope._super_kernel import super_kernel
 

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from torchair.base.registry import define_op
 from torchair.base.meta import ASCEND_KEYS
+from torchair.base.registry import define_op
 
 __all__ = ["ASCEND_ATTRS", "AscendScopePass", "data_dump", "limit_core_num", "op_never_timeout",
            "profiler_trace", "scope_attributes"]

@@ -20,8 +20,7 @@ from torchair.inference.guards.epoch import module_epoch
 from torchair.inference.guards.grammar import UnsupportedGuard, compile_expression, source_slot
 from torchair.inference.guards.guard_set import GuardSet
 from torchair.inference.guards.objects import describe_object
-from torchair.inference.guards.record import (ADVISORY_KINDS, entries, harvest, new_entry,
-                                              side_effects)
+from torchair.inference.guards.record import ADVISORY_KINDS, entries, harvest, new_entry, side_effects
 from torchair.inference.guards.sources import Globals, Sources
 from torchair.inference.guards.state import global_state
 from torchair.inference.guards.tensors import TensorMemo

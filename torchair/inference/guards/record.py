@@ -237,8 +237,7 @@ def side_effects(on_found: Callable[[str], None]) -> list[list]:
     dict) do not count."""
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
-        from torch._dynamo.variables.base import (AttributeMutationExisting,
-                                                  ValueMutationExisting)
+        from torch._dynamo.variables.base import AttributeMutationExisting, ValueMutationExisting
         from torch._dynamo.variables.tensor import TensorVariable
 
         effects = InstructionTranslator.current_tx().output.side_effects

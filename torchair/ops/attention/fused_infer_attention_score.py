@@ -63,11 +63,11 @@ import dataclasses
 
 import torch
 
+from torchair.base.registry import define_op, register_value_dependent
 from torchair.ops.attention import common as _common
 from torchair.ops.attention import ifa_compute as _compute
-from torchair.ops.attention.fia_prefix import resolve_shared_prefix
 from torchair.ops.attention.fia_checks import INT_MAX, OP, FiaPlan, KvQuant, _as_fia, validate
-from torchair.base.registry import define_op, register_value_dependent
+from torchair.ops.attention.fia_prefix import resolve_shared_prefix
 
 __all__ = ["fused_infer_attention_score_reference", "npu_fused_infer_attention_score",
            "npu_fused_infer_attention_score_tensor"]

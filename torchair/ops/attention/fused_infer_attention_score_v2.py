@@ -36,9 +36,9 @@ from typing import Iterator
 
 import torch
 
+from torchair.base.registry import define_op, register_value_dependent
 from torchair.ops.attention import fused_infer_attention_score as _v1
 from torchair.ops.attention.fia_checks import INT_MAX
-from torchair.base.registry import define_op, register_value_dependent
 
 __all__ = ["npu_fused_infer_attention_score_v2", "npu_fused_infer_attention_score_v2_tensor",
            "fused_infer_attention_score_v2_reference"]

@@ -14,8 +14,8 @@ from typing import Sequence
 
 import torch
 
-from torchair.ops.attention import common as _common
 from torchair.ops import _device_checks
+from torchair.ops.attention import common as _common
 
 OP = "npu_incre_flash_attention"
 LENGTH_DTYPES = (torch.int64, torch.int32)

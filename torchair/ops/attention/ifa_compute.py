@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from torchair.ops import _device_checks
 from torchair.ops.attention import common as _common
 from torchair.ops.attention.decode import decode_attention
-from torchair.ops import _device_checks
 from torchair.ops.attention.ifa_checks import OP, IfaPlan
 
 

@@ -35,12 +35,12 @@ from typing import Sequence
 
 import torch
 
+from torchair.base.registry import define_op, register_value_dependent
 from torchair.ops.attention import common as _common
 from torchair.ops.attention import ifa_compute as _compute
 from torchair.ops.attention import ifa_fast as _fast
 from torchair.ops.attention.cpu import launch_library as _launch_library
 from torchair.ops.attention.ifa_checks import IfaPlan, validate
-from torchair.base.registry import define_op, register_value_dependent
 
 __all__ = ["incre_flash_attention_reference", "npu_incre_flash_attention",
            "npu_incre_flash_attention_tensor"]

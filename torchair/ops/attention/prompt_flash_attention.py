@@ -41,9 +41,9 @@ from typing import Iterator
 
 import torch
 
+from torchair.base.registry import define_op, register_value_dependent
 from torchair.ops.attention import fused_infer_attention_score as _fia
 from torchair.ops.attention.fia_checks import INT_MAX
-from torchair.base.registry import define_op, register_value_dependent
 
 __all__ = ["npu_prompt_flash_attention", "npu_prompt_flash_attention_tensor",
            "prompt_flash_attention_reference"]

@@ -19,8 +19,8 @@ from typing import Callable
 
 import torch
 
-from torchair.ops._functionalize import install_functionalization
 from torchair.base.registry import define_op
+from torchair.ops._functionalize import install_functionalization
 
 __all__ = ["define_inplace_pair"]
 

@@ -27,9 +27,7 @@ from __future__ import annotations
 import torch
 
 from torchair.ops.norm.cpu import rstd_shape
-from torchair.ops.toolchain.triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2,
-                                                 rint, tl, triton)
-
+from torchair.ops.toolchain.triton_utils import HAS_TRITON, interpreted, launch_mode, next_pow2, rint, tl, triton
 
 __all__ = ["HAS_TRITON", "MAX_WIDTH", "add_rms_norm_dynamic_quant_triton", "add_rms_norm_triton",
            "dynamic_quant_triton", "group_index_on", "interpreted", "rms_norm_triton"]

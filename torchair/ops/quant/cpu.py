@@ -35,7 +35,6 @@ import time
 import torch
 
 from torchair.base.log import logger
-
 from torchair.ops.quant.plans import QuantMatmulPlan, SwigluQuantPlan
 
 CHUNK_ROWS: int | None = None

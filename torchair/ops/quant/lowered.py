@@ -26,8 +26,7 @@ from __future__ import annotations
 import torch
 
 from torchair.ops.quant import cpu as _cpu
-from torchair.ops.quant.quant_matmul import (prepare_quant_matmul,
-                                             quant_matmul_epilogue_reference)
+from torchair.ops.quant.quant_matmul import prepare_quant_matmul, quant_matmul_epilogue_reference
 
 __all__ = ["decide_int8_gemm", "quant_matmul_formula"]
 

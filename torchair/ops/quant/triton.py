@@ -24,11 +24,9 @@ import math
 
 import torch
 
-from torchair.ops.toolchain.triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2,
-                                                 tl, triton)
-from torchair.ops.toolchain.triton_utils import rint as _rint
 from torchair.ops.quant.plans import QuantMatmulPlan, SwigluQuantPlan
-
+from torchair.ops.toolchain.triton_utils import HAS_TRITON, interpreted, launch_mode, next_pow2, tl, triton
+from torchair.ops.toolchain.triton_utils import rint as _rint
 
 __all__ = ["HAS_TRITON", "check_matmul_blocks", "dequant_swiglu_quant_triton", "interpreted",
            "quant_matmul_triton"]

@@ -176,6 +176,7 @@ def _meta(*shape, dtype):
 def _decode_case(*, batch=8, nkv=8, group=8, dim=128, seq=32768, dtype="float16",
                  kv_dtype=None, block_size=0, mask=False, left_pad=False, antiquant=False):
     import torch
+
     from torchair.ops.attention.triton.decode import decode_attention_triton
     dt = getattr(torch, dtype)
     kvt = getattr(torch, kv_dtype) if kv_dtype else dt
@@ -197,6 +198,7 @@ def _decode_case(*, batch=8, nkv=8, group=8, dim=128, seq=32768, dtype="float16"
 
 def _norm_case(kind: str, *, rows=16, width=4096, dtype="bfloat16"):
     import torch
+
     from torchair.ops.norm import triton as nt
     dt = getattr(torch, dtype)
     x = _meta(rows, width, dtype=dt)
@@ -218,8 +220,9 @@ def _norm_case(kind: str, *, rows=16, width=4096, dtype="bfloat16"):
 def _quant_matmul_case(*, m=16, n=4096, k=4096, out="bfloat16", pertoken=True, offset=False,
                        float_bias=True):
     import torch
-    from torchair.ops.quant.triton import quant_matmul_triton
+
     from torchair.ops.quant.plans import QuantMatmulPlan
+    from torchair.ops.quant.triton import quant_matmul_triton
     f32 = torch.float32
     plan = QuantMatmulPlan(
         out_dtype=getattr(torch, out), scale=_meta(n, dtype=f32),
@@ -231,8 +234,9 @@ def _quant_matmul_case(*, m=16, n=4096, k=4096, out="bfloat16", pertoken=True, o
 
 def _swiglu_quant_case(*, tokens=16, hidden=4096, dynamic=True, groups=1):
     import torch
-    from torchair.ops.quant.triton import dequant_swiglu_quant_triton
+
     from torchair.ops.quant.plans import SwigluQuantPlan
+    from torchair.ops.quant.triton import dequant_swiglu_quant_triton
     f32 = torch.float32
     plan = SwigluQuantPlan(
         x=_meta(tokens, 2 * hidden, dtype=torch.int32), lead_shape=(tokens,), dynamic=dynamic,

@@ -40,10 +40,9 @@ import torch
 
 from torchair.ops import _device_checks
 from torchair.ops.attention.decode import register_decode_kernel
-# Triton is optional: without it (HAS_TRITON False) the CUDA decode falls back to the reference.
-from torchair.ops.toolchain.triton_utils import (HAS_TRITON, interpreted, launch_mode, next_pow2,
-                                                 sm_count, tl, triton)
 
+# Triton is optional: without it (HAS_TRITON False) the CUDA decode falls back to the reference.
+from torchair.ops.toolchain.triton_utils import HAS_TRITON, interpreted, launch_mode, next_pow2, sm_count, tl, triton
 
 __all__ = ["HAS_TRITON", "choose_launch", "decode_attention_triton", "interpreted"]
 
