@@ -58,7 +58,8 @@ import torchair
 from torchair.inference import set_dim_gears
 
 from bench import _harness as H
-from bench.bench_decode_step import report_dict, sci
+from bench._decode_timing import report_dict
+from bench.bench_decode_step import sci
 from bench.model import DecoderStep, ModelConfig
 
 KINDS = ("eager", "torchair-gears", "torchair-per-shape", "inductor-dynamic")
