@@ -300,6 +300,7 @@ def _paired_x_floor(variant_rounds: list[list[float]], gemv_rounds: list[list[fl
 
 
 def report_dict(r: Any) -> dict[str, Any]:
+    """One of ``torchair.graph_reports()`` as the JSON fields the decode-step benchmarks record."""
     return {"graph_id": r.graph_id, "path": r.path, "fx_static": r.fx_static,
             "ir_static": r.ir_static, "build_static": r.build_static, "engine": r.engine,
             "launch": r.launch, "build_seconds": r.build_seconds,
