@@ -36,11 +36,10 @@ import torch
 import torch.nn.functional as F
 
 import torchair.ops  # noqa: F401  (registers the kernels)
+from bench import _harness as H
 from torchair.ops.attention import decode as _decode
 from torchair.ops.attention.cpu import native as _decode_native
 from torchair.ops.toolchain import native as _native
-
-from bench import _harness as H
 
 HEADS, KV_HEADS, DIM = 32, 4, 128
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

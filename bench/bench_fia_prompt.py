@@ -27,11 +27,9 @@ import time
 
 import torch
 
-
 import torchair
-from torchair.ops.attention.cpu import launch_library as _launch
-
 from bench import _harness
+from torchair.ops.attention.cpu import launch_library as _launch
 
 FIA = torch.ops.npu.npu_fused_infer_attention_score
 

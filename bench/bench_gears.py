@@ -55,11 +55,11 @@ import torch._dynamo.testing
 from torch._dynamo.decorators import mark_unbacked
 
 import torchair
-from torchair.inference import set_dim_gears
-
 from bench import _harness as H
-from bench.bench_decode_step import report_dict, sci
+from bench._decode_timing import report_dict
+from bench.bench_decode_step import sci
 from bench.model import DecoderStep, ModelConfig
+from torchair.inference import set_dim_gears
 
 KINDS = ("eager", "torchair-gears", "torchair-per-shape", "inductor-dynamic")
 

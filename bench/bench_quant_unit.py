@@ -27,9 +27,8 @@ import time
 import torch
 
 import torchair
-from torchair.runtime import engines
-
 from bench import _harness as H
+from torchair.runtime import engines
 
 npu = torch.ops.npu
 

@@ -25,12 +25,11 @@ import argparse
 import torch
 
 import torchair.ops  # noqa: F401 (registers the ops)
+from bench import _harness
 from torchair.ops.activation.cpu import swiglu_cpu
 from torchair.ops.activation.swiglu import swiglu_reference
 from torchair.ops.rope.common import rope_reference
 from torchair.ops.rope.cpu import rope_cpu
-
-from bench import _harness
 
 
 def _variants(tokens: int, dtype: torch.dtype) -> dict:

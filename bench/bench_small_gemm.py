@@ -26,9 +26,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from torchair.ops.matmul import cpu as _mm
-
 from bench import _harness
+from torchair.ops.matmul import cpu as _mm
 
 
 def _weights(hidden: int, kv_hidden: int, intermediate: int, layers: int) -> list[torch.Tensor]:

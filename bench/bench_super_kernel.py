@@ -38,7 +38,6 @@ import torch
 import torch._dynamo
 
 import torchair  # (registers torch.ops.npu.*)
-
 from bench import _harness as H
 
 npu = torch.ops.npu

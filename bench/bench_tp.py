@@ -58,9 +58,8 @@ from typing import Any
 import torch
 
 import torchair
-
 from bench import _harness as H
-from bench.bench_decode_step import Variant, make_variant, reset_caches
+from bench._decode_variants import Variant, make_variant, reset_caches
 from bench.model import DecoderLayer, DecoderStep, ModelConfig, make_schedule
 
 TP = 2

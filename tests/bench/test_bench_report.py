@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench import _report_page as PG
+from bench import _report_run as RUN
+from bench import _report_summary as S
 from bench import report as R
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -94,12 +97,12 @@ def _done(**extra) -> dict:
 
 
 def _report(**extra) -> dict:
-    return R.merge(MACHINE, "cpu-2core", "python bench/report.py", {"quick": False},
+    return S.merge(MACHINE, "cpu-2core", "python bench/report.py", {"quick": False},
                    _done(**extra), 60.0)
 
 
 def test_decode_step_summary_aligned_with_batches():
-    s = R.summarize({"decode_step": _decode_step(batches=(1, 4, 16))})["decode_step"]
+    s = S.summarize({"decode_step": _decode_step(batches=(1, 4, 16))})["decode_step"]
     assert s["batches"] == [1, 4, 16]
     assert s["variants"] == ["eager", "inductor", "torchair"]
     assert s["median_us"]["eager"] == [100.0, 400.0, 1600.0]
@@ -110,10 +113,10 @@ def test_decode_step_summary_aligned_with_batches():
 def test_decode_step_variant_missing_at_one_batch():
     payload = _decode_step(variants=("eager", "torchair", "reduce-overhead"))
     del payload["results"][1]["variants"]["reduce-overhead"]
-    s = R.summarize({"decode_step": payload})["decode_step"]
+    s = S.summarize({"decode_step": payload})["decode_step"]
     assert s["variants"] == ["eager", "reduce-overhead", "torchair"]  # label order
     assert s["median_us"]["reduce-overhead"][1] is None
-    assert "| 4 | 400 (1.00x) | - |" in "\n".join(R.decode_step_table(s))
+    assert "| 4 | 400 (1.00x) | - |" in "\n".join(PG.decode_step_table(s))
 
 
 def test_other_summaries():
@@ -129,15 +132,15 @@ def test_other_summaries():
 
 
 def test_unknown_benchmark_and_bad_payload():
-    s = R.summarize({"new_bench": {"machine": {"x": 1}, "rows": [
+    s = S.summarize({"new_bench": {"machine": {"x": 1}, "rows": [
                          {"name": "sk", "launches": 3, "per_step_us": {"median": 12.5},
                           "other": 7}]},
                      "gears": {"results": {}}})
     assert s["new_bench"] == {"rows[0].launches": 3, "rows[0].per_step_us.median": 12.5}
-    assert R.headline("new_bench", s["new_bench"]) == (
+    assert PG.headline("new_bench", s["new_bench"]) == (
         "- **new bench**: rows[0].launches 3; rows[0].per_step_us.median 12.50")
     assert "KeyError" in s["gears"]["error"]
-    assert R.summarize({"x": {"summary": {"launches": 1}}})["x"] == {"launches": 1}
+    assert S.summarize({"x": {"summary": {"launches": 1}}})["x"] == {"launches": 1}
 
 
 def test_super_kernel_summary():
@@ -149,11 +152,11 @@ def test_super_kernel_summary():
         row("chain", "eager", None, 100.0, check="reference"),
         row("chain", "torchair-fx", 50, 90.0),
         row("chain", "torchair-fx+scope", 3, 60.0, 1.5, "ok, == unscoped")]}
-    s = R.summarize({"super_kernel": payload})["super_kernel"]
+    s = S.summarize({"super_kernel": payload})["super_kernel"]
     assert s["chain"]["torchair-fx+scope"] == {"launches": 3, "median_us": 60.0,
                                                "vs_eager": 1.0, "scope_x": 1.5,
                                                "check": "ok, == unscoped"}
-    assert R.headline("super_kernel", s) == (
+    assert PG.headline("super_kernel", s) == (
         "- **super kernel**: chain: eager 100 us; torchair-fx 90 us, launches/step 50; "
         "torchair-fx+scope 60 us, launches/step 3, scope x 1.50")
 
@@ -161,7 +164,7 @@ def test_super_kernel_summary():
 def test_markdown_has_machine_table_and_headlines():
     rep = _report(failures={"fusion2": {"error": "exit status 1", "stderr_tail": "boom"}},
                   skipped={"super_kernel": "bench/bench_super_kernel.py not found"})
-    md = R.render_markdown(rep, image="cpu-2core.png")
+    md = PG.render_markdown(rep, image="cpu-2core.png")
     assert "Test CPU, 2 cores (2 torch threads); torch 2.13.0+cpu, Python 3.11.7, torchair " \
            "0.1.0, commit abc1234, 2026-01-02" in md
     assert "| batch | eager | torch.compile Inductor | torchair (Inductor engine) |" in md
@@ -180,7 +183,7 @@ def test_markdown_has_machine_table_and_headlines():
 def test_markdown_without_decode_step():
     done = _done()
     del done["payloads"]["decode_step"]
-    md = R.render_markdown(R.merge(MACHINE, "t", "cmd", {"quick": True}, done))
+    md = PG.render_markdown(S.merge(MACHINE, "t", "cmd", {"quick": True}, done))
     assert "| batch |" not in md and "smoke run" in md and "**gears**" in md
 
 
@@ -198,42 +201,42 @@ README = textwrap.dedent("""\
 
 
 def test_readme_markers_added_at_end_of_bench_section_then_replaced():
-    once = R.replace_readme_block(README + "\n## After\n\nmore\n", "TABLE 1")
-    assert once.index("bench text") < once.index(R.MARK_START) < once.index("## After")
-    assert f"{R.MARK_START}\nTABLE 1\n{R.MARK_END}\n\n## After" in once
-    twice = R.replace_readme_block(once, "TABLE 2\n")
-    assert "TABLE 1" not in twice and twice.count(R.MARK_START) == 1
+    once = PG.replace_readme_block(README + "\n## After\n\nmore\n", "TABLE 1")
+    assert once.index("bench text") < once.index(PG.MARK_START) < once.index("## After")
+    assert f"{PG.MARK_START}\nTABLE 1\n{PG.MARK_END}\n\n## After" in once
+    twice = PG.replace_readme_block(once, "TABLE 2\n")
+    assert "TABLE 1" not in twice and twice.count(PG.MARK_START) == 1
     assert twice == once.replace("TABLE 1", "TABLE 2")
 
 
 def test_readme_markers_at_end_or_before_layout():
-    at_end = R.replace_readme_block(README, "T")
-    assert at_end.endswith(f"bench text\n\n{R.MARK_START}\nT\n{R.MARK_END}\n")
+    at_end = PG.replace_readme_block(README, "T")
+    assert at_end.endswith(f"bench text\n\n{PG.MARK_START}\nT\n{PG.MARK_END}\n")
     layout = "# p\n\n## Use\n\nx\n\n## Layout\n\ny\n"
-    out = R.replace_readme_block(layout, "T")
-    assert out == f"# p\n\n## Use\n\nx\n\n{R.MARK_START}\nT\n{R.MARK_END}\n\n## Layout\n\ny\n"
+    out = PG.replace_readme_block(layout, "T")
+    assert out == f"# p\n\n## Use\n\nx\n\n{PG.MARK_START}\nT\n{PG.MARK_END}\n\n## Layout\n\ny\n"
     with pytest.raises(ValueError, match="only one"):
-        R.replace_readme_block(f"a\n{R.MARK_START}\nb\n", "T")
+        PG.replace_readme_block(f"a\n{PG.MARK_START}\nb\n", "T")
 
 
 def test_real_readme_has_one_marker_pair():
     text = R.REPORT_PAGE.read_text(encoding="utf-8")
-    assert text.count(R.MARK_START) == 1 and text.count(R.MARK_END) == 1
-    assert R.replace_readme_block(text, "T").count(R.MARK_START) == 1
+    assert text.count(PG.MARK_START) == 1 and text.count(PG.MARK_END) == 1
+    assert PG.replace_readme_block(text, "T").count(PG.MARK_START) == 1
 
 
 def test_plot_skipped_without_matplotlib(tmp_path, monkeypatch, capsys):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
-    assert R.write_plot(_report(), tmp_path / "x.png") is None
+    assert PG.write_plot(_report(), tmp_path / "x.png") is None
     assert 'pip install -e ".[bench]"' in capsys.readouterr().out
     assert not (tmp_path / "x.png").exists()
 
 
 def test_plot_written(tmp_path):
     pytest.importorskip("matplotlib")
-    path = R.write_plot(_report(), tmp_path / "x.png")
+    path = PG.write_plot(_report(), tmp_path / "x.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -245,24 +248,24 @@ def _opts(**kw) -> argparse.Namespace:
 def test_child_argv_passes_only_flags_the_script_defines(tmp_path, monkeypatch):
     script = tmp_path / "bench_fake.py"
     script.write_text('p.add_argument("--quick")\np.add_argument("--batch")\n')
-    monkeypatch.setattr(R, "HERE", tmp_path)
-    monkeypatch.setattr(R, "ROOT", tmp_path)
-    argv = R.child_argv(R.Bench("fake", batch_sweep=True), _opts(threads=1), tmp_path / "o.json")
+    monkeypatch.setattr(RUN, "HERE", tmp_path)
+    monkeypatch.setattr(RUN, "ROOT", tmp_path)
+    argv = RUN.child_argv(RUN.Bench("fake", batch_sweep=True), _opts(threads=1), tmp_path / "o.json")
     assert argv[1:] == ["-m", "bench_fake", "--batch", "1", "2", "--quick", "--out",
                         str(tmp_path / "o.json")]
 
 
 def test_failing_child_recorded_and_others_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(R, "HERE", tmp_path)
-    monkeypatch.setattr(R, "ROOT", tmp_path)
+    monkeypatch.setattr(RUN, "HERE", tmp_path)
+    monkeypatch.setattr(RUN, "ROOT", tmp_path)
     (tmp_path / "bench_bad.py").write_text(
         "import sys\nprint('working')\nprint('Traceback: it broke', file=sys.stderr)\n"
         "sys.exit(3)\n")
     (tmp_path / "bench_good.py").write_text(
         "import json, sys\nout = sys.argv[sys.argv.index('--out') + 1]\n"
         "json.dump({'value': 1, 'launches': 2}, open(out, 'w'))\n")
-    benches = [R.Bench("bad"), R.Bench("missing"), R.Bench("good")]
-    done = R.run_benchmarks(benches, _opts(), tmp_path)
+    benches = [RUN.Bench("bad"), RUN.Bench("missing"), RUN.Bench("good")]
+    done = RUN.run_benchmarks(benches, _opts(), tmp_path)
     assert done["payloads"] == {"good": {"value": 1, "launches": 2}}
     bad = done["failures"]["bad"]
     assert bad["returncode"] == 3 and bad["error"] == "exit status 3"
@@ -272,19 +275,20 @@ def test_failing_child_recorded_and_others_run(tmp_path, monkeypatch, capsys):
     assert done["runs"]["good"]["command"] == "python -m bench_good"
     out = capsys.readouterr().out
     assert "[1/2] bad" in out and "working" in out and "bad FAILED (exit status 3)" in out
-    rep = R.merge(MACHINE, "t", "cmd", {"quick": True}, done)
+    rep = S.merge(MACHINE, "t", "cmd", {"quick": True}, done)
     json.dumps(rep)  # serializable
     assert rep["summary"] == {"good": {"launches": 2}}
-    assert "- **bad**: FAILED (exit status 3)" in R.render_markdown(rep)
+    assert "- **bad**: FAILED (exit status 3)" in PG.render_markdown(rep)
 
 
 def test_main_writes_json_png_markdown_and_readme(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    monkeypatch.setattr(R, "HERE", tmp_path)
+    monkeypatch.setattr(RUN, "HERE", tmp_path)
+    monkeypatch.setattr(RUN, "ROOT", tmp_path)
     monkeypatch.setattr(R, "ROOT", tmp_path)
     monkeypatch.setattr(R, "REPORT_PAGE", tmp_path / "README.md")
-    monkeypatch.setattr(R, "BENCHES", (R.Bench("decode_step", batch_sweep=True),
-                                       R.Bench("bad")))
+    monkeypatch.setattr(R, "BENCHES", (RUN.Bench("decode_step", batch_sweep=True),
+                                       RUN.Bench("bad")))
     (tmp_path / "README.md").write_text(README)
     (tmp_path / "payload.json").write_text(json.dumps(_decode_step()))
     (tmp_path / "bench_decode_step.py").write_text(
@@ -308,11 +312,11 @@ def test_main_writes_json_png_markdown_and_readme(tmp_path, monkeypatch):
 
 
 def test_child_without_json_or_too_slow_fails(tmp_path):
-    rec = R.run_child([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.3)
+    rec = RUN.run_child([sys.executable, "-c", "import time; time.sleep(5)"], timeout=0.3)
     assert rec["timed_out"] and rec["elapsed_s"] < 4
-    assert R.read_payload(rec, tmp_path / "none.json")[1].startswith("timed out")
-    rec = R.run_child([sys.executable, "-c", "pass"])
-    assert "no JSON" in R.read_payload(rec, tmp_path / "none.json")[1]
+    assert RUN.read_payload(rec, tmp_path / "none.json")[1].startswith("timed out")
+    rec = RUN.run_child([sys.executable, "-c", "pass"])
+    assert "no JSON" in RUN.read_payload(rec, tmp_path / "none.json")[1]
 
 
 @pytest.mark.parametrize("name", ["decode_step", "decode_attention", "fusion", "gears",
@@ -322,6 +326,6 @@ def test_summaries_of_saved_results(name):
     files = sorted((BENCH / "results").glob(f"{name}_cpu-*.json"))
     if not files:
         pytest.skip(f"no bench/results/{name}_*.json")
-    s = R.summarize({name: json.loads(files[0].read_text())})[name]
+    s = S.summarize({name: json.loads(files[0].read_text())})[name]
     assert "error" not in s
-    R.headline(name, s) if name != "decode_step" else R.decode_step_table(s)
+    PG.headline(name, s) if name != "decode_step" else PG.decode_step_table(s)

@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 
+from bench import _decode_variants as V
 from bench import _profile as P
 from bench import bench_decode_step as bench
 from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
@@ -139,11 +140,11 @@ def test_torchair_mm_variant_builds_with_the_switch_off(monkeypatch):
             raise RuntimeError(x)
         return x
 
-    call = bench.built_with(compiled, {_mm.ENV_SWITCH: "0"})
+    call = V.built_with(compiled, {_mm.ENV_SWITCH: "0"})
     assert call(1) == 1 and call(2) == 2
     assert seen == ["0", "1"] and os.environ[_mm.ENV_SWITCH] == "1"
     monkeypatch.delenv(_mm.ENV_SWITCH)
-    failing = bench.built_with(compiled, {_mm.ENV_SWITCH: "0"})
+    failing = V.built_with(compiled, {_mm.ENV_SWITCH: "0"})
     with pytest.raises(RuntimeError):
         failing("boom")
     assert _mm.ENV_SWITCH not in os.environ  # put back even when the first call raised
