@@ -23,10 +23,6 @@ from bench.model import DecoderStep, ModelConfig, StepInput, make_schedule
 from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, read_bandwidth, x_floor
 
 
-def _unique_graphs() -> int:
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
 def _cudagraph_counters() -> dict[str, Any]:
     out = {}
     for key, counter in torch._dynamo.utils.counters.get("inductor", {}).items():
@@ -75,19 +71,19 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
             res = v.result
             res["describe"] = v.describe
             try:
-                graphs0, reports0 = _unique_graphs(), len(torchair.graph_reports())
+                graphs0, reports0 = H.unique_graphs(), len(torchair.graph_reports())
                 sync()
                 t0 = time.perf_counter()
                 v(warm[0])
                 sync()
                 res["first_call_s"] = time.perf_counter() - t0
-                graphs1 = _unique_graphs()
+                graphs1 = H.unique_graphs()
                 t0 = time.perf_counter()
                 v(warm[1])
                 sync()
                 res["second_call_s"] = time.perf_counter() - t0
                 res["graphs_compiled"] = graphs1 - graphs0
-                res["recompiles_warmup"] = _unique_graphs() - graphs1
+                res["recompiles_warmup"] = H.unique_graphs() - graphs1
                 reports = torchair.graph_reports()[reports0:]
                 if reports:
                     res["torchair_reports"] = [report_dict(r) for r in reports]
@@ -95,10 +91,10 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
                     res["cudagraph_counters"] = _cudagraph_counters()
                 # correctness against eager, from the same initial caches
                 reset_caches(v, init_k, init_v)
-                graphs_before_check = _unique_graphs()
+                graphs_before_check = H.unique_graphs()
                 outs = [v(s).clone() for s in check]
                 sync()
-                res["recompiles_check"] = _unique_graphs() - graphs_before_check
+                res["recompiles_check"] = H.unique_graphs() - graphs_before_check
                 caches = v.k_caches + v.v_caches
                 if v.name == "eager":
                     ref_out, ref_caches = outs, [c.clone() for c in caches]
@@ -133,18 +129,9 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
                   f"{res['check']}{extra}", flush=True)
 
         timed = {v.name: v for v in variants if v.result.get("ok_to_time")}
-        recompiles = {name: 0 for name in timed}
-        marks: dict[str, int] = {}
-
-        def before_round(name: str, r: int) -> None:
-            marks[name] = _unique_graphs()
-
-        def after_round(name: str, r: int) -> None:
-            recompiles[name] += _unique_graphs() - marks[name]
-
-        def steps_of_round(r: int) -> range:
-            start = timed_start + r * args.steps
-            return range(start, start + args.steps)
+        recompile_rounds = H.RecompileRounds(list(timed))
+        recompiles = recompile_rounds.counts
+        steps_of_round = H.round_steps(timed_start, args.steps)
 
         fns = {name: (lambda i, v=v: v(schedule[i])) for name, v in timed.items()}
         gemv = GemvFloor.of_module(model, batch)
@@ -161,7 +148,8 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
         bandwidth = [read_bandwidth(device, sync=sync)]
         t0 = time.perf_counter()
         rounds = H.interleaved_rounds(fns, steps_of_round, args.rounds, sync,
-                                      before_round=before_round, after_round=after_round)
+                                      before_round=recompile_rounds.before_round,
+                                      after_round=recompile_rounds.after_round)
         floors = [name for name in (FLOOR, DYNAMO_FLOOR) if name in fns]
         print(f"  timed {args.rounds} rounds x {args.steps} steps x {len(fns) - len(floors)} "
               f"variants and {len(floors)} floor row(s) ({', '.join(floors)}) in "

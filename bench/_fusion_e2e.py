@@ -73,10 +73,6 @@ def _reset(v: Variant, init_k, init_v) -> None:
             dst.copy_(src)
 
 
-def _unique_graphs() -> int:
-    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-
-
 def _rel_err(outs: list[torch.Tensor], refs: list[torch.Tensor]) -> float:
     return max(((o - r).norm() / r.norm()).item() for o, r in zip(outs, refs))
 
@@ -132,14 +128,14 @@ def run_e2e_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device
             res = v.result
             res["describe"] = v.describe
             try:
-                g0, r0 = _unique_graphs(), len(torchair.graph_reports())
+                g0, r0 = H.unique_graphs(), len(torchair.graph_reports())
                 sync()
                 t0 = time.perf_counter()
                 v(warm[0])
                 sync()
                 res["first_call_s"] = time.perf_counter() - t0
                 v(warm[1])
-                res["graphs_compiled"] = _unique_graphs() - g0
+                res["graphs_compiled"] = H.unique_graphs() - g0
                 reports = torchair.graph_reports()[r0:]
                 if v.fusion is not None:
                     fired: dict[str, int] = {}
@@ -184,23 +180,15 @@ def run_e2e_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device
                   + (f", patterns fired: {pats}" if v.fusion is not None else ""), flush=True)
 
         timed = {v.name: v for v in variants if v.result.get("ok_to_time")}
-        recompiles = {name: 0 for name in timed}
-        marks: dict[str, int] = {}
-
-        def before_round(name: str, r: int) -> None:
-            marks[name] = _unique_graphs()
-
-        def after_round(name: str, r: int) -> None:
-            recompiles[name] += _unique_graphs() - marks[name]
-
-        def steps_of_round(r: int) -> range:
-            start = timed_start + r * args.steps
-            return range(start, start + args.steps)
+        recompile_rounds = H.RecompileRounds(list(timed))
+        recompiles = recompile_rounds.counts
+        steps_of_round = H.round_steps(timed_start, args.steps)
 
         fns = {name: (lambda i, v=v: v(schedule[i])) for name, v in timed.items()}
         t0 = time.perf_counter()
         rounds = H.interleaved_rounds(fns, steps_of_round, args.e2e_rounds, sync,
-                                      before_round=before_round, after_round=after_round)
+                                      before_round=recompile_rounds.before_round,
+                                      after_round=recompile_rounds.after_round)
         print(f"  timed {args.e2e_rounds} rounds x {args.steps} steps x {len(fns)} variants in "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
 

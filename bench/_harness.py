@@ -238,6 +238,32 @@ def interleaved_rounds(variants: Mapping[str, Callable[[int], Any]],
     return result
 
 
+def unique_graphs() -> int:
+    """How many distinct graphs Dynamo has compiled in this process so far."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+class RecompileRounds:
+    """Recompiles per variant during :func:`interleaved_rounds` (its round hooks): ``counts``
+    maps each variant name to the graphs Dynamo compiled inside that variant's timed rounds."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.counts: dict[str, int] = {name: 0 for name in names}
+        self._marks: dict[str, int] = {}
+
+    def before_round(self, name: str, r: int) -> None:
+        self._marks[name] = unique_graphs()
+
+    def after_round(self, name: str, r: int) -> None:
+        self.counts[name] += unique_graphs() - self._marks[name]
+
+
+def round_steps(first: int, steps: int) -> Callable[[int], range]:
+    """``steps_of_round`` for :func:`interleaved_rounds`: round ``r`` times ``steps`` steps from
+    ``first + r * steps``."""
+    return lambda r: range(first + r * steps, first + (r + 1) * steps)
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile ``q`` in [0, 100] of already sorted values."""
     if not sorted_values:
