@@ -13,7 +13,7 @@ import torch
 import torch._dynamo
 
 import torchair
-from torchair.plan.sink import HostScalarProgram, _Ref
+from torchair.plan.sink import HostScalarProgram, StepRef
 from torchair.runtime import units
 from torchair.runtime.staging import SunkScalars
 
@@ -21,21 +21,21 @@ from torchair.runtime.staging import SunkScalars
 
 PROGRAMS = {
     # slots straight from the inputs (the decode step's lengths): one list comprehension
-    "inputs": (HostScalarProgram(input_indices=(3, 1), steps=(), slots=(_Ref(1), _Ref(0))),
+    "inputs": (HostScalarProgram(input_indices=(3, 1), steps=(), slots=(StepRef(1), StepRef(0))),
                lambda a: [a[1], a[3]]),
     "arith": (HostScalarProgram(
         input_indices=(0, 2),
-        steps=((operator.add, (_Ref(0), 1), {}), (operator.mul, (_Ref(1), _Ref(2)), {}),
-               (operator.sub, (_Ref(3), 3), {})),
-        slots=(_Ref(2), _Ref(4), 7, _Ref(0))),
+        steps=((operator.add, (StepRef(0), 1), {}), (operator.mul, (StepRef(1), StepRef(2)), {}),
+               (operator.sub, (StepRef(3), 3), {})),
+        slots=(StepRef(2), StepRef(4), 7, StepRef(0))),
         lambda a: [a[0] + 1, a[2] * (a[0] + 1) - 3, 7, a[0]]),
     # a step reading a reference inside a nested argument, and keyword arguments
     "nested": (HostScalarProgram(
         input_indices=(0, 1),
         steps=((lambda pair, scale=1: (pair[0] - pair[1]) * scale,
-                ((_Ref(0), _Ref(1)),), {"scale": _Ref(1)}),
-               (max, (_Ref(2), 0), {})),
-        slots=(_Ref(3), -2)),
+                ((StepRef(0), StepRef(1)),), {"scale": StepRef(1)}),
+               (max, (StepRef(2), 0), {})),
+        slots=(StepRef(3), -2)),
         lambda a: [max((a[0] - a[1]) * a[1], 0), -2]),
 }
 

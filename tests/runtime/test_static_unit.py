@@ -18,7 +18,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 import torchair
 from torchair.plan.analysis import analyze
 from torchair.plan.inputs import describe_inputs
-from torchair.plan.sink import SUNK_INPUT_NAME, HostScalarProgram, _Ref, sink_scalars
+from torchair.plan.sink import SUNK_INPUT_NAME, HostScalarProgram, StepRef, sink_scalars
 from torchair.runtime import units
 from torchair.runtime.staging import InputStager, SunkScalars
 from torchair.runtime.units import capture_mode, default_capture
@@ -335,8 +335,8 @@ def test_stager_rejects_a_wrong_shape_of_a_borrowed_cache():
 # ------------------------------------------------------------------------ SunkScalars
 
 def test_sunk_scalars_reuse_one_int64_buffer():
-    program = HostScalarProgram(input_indices=(1, 3), steps=((operator.add, (_Ref(0), 1), {}),),
-                                slots=(_Ref(2), _Ref(1), 9), input_names=("a", "b"))
+    program = HostScalarProgram(input_indices=(1, 3), steps=((operator.add, (StepRef(0), 1), {}),),
+                                slots=(StepRef(2), StepRef(1), 9), input_names=("a", "b"))
     sunk = SunkScalars(program, torch.device("cpu"))
     assert sunk.buffer.dtype == torch.int64 and sunk.buffer.shape == (3,)
     first = sunk.stage(["t", 4, "u", 6])
@@ -351,8 +351,8 @@ def test_sunk_scalars_reuse_one_int64_buffer():
 def test_host_scalar_program_semantics():
     program = HostScalarProgram(
         input_indices=(2, 0),
-        steps=((operator.mul, (_Ref(0), 2), {}), (operator.sub, (_Ref(2), _Ref(1)), {})),
-        slots=(_Ref(3), _Ref(1), -1), input_names=("L_a_", "L_b_"))
+        steps=((operator.mul, (StepRef(0), 2), {}), (operator.sub, (StepRef(2), StepRef(1)), {})),
+        slots=(StepRef(3), StepRef(1), -1), input_names=("L_a_", "L_b_"))
     assert len(program) == 3
     assert program([7, "x", 5]) == [3, 7, -1]  # [5*2 - 7, 7, -1]
     assert program([0, None, 0]) == [0, 0, -1]

@@ -33,7 +33,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-def _index_of(device: Any) -> int | None:
+def device_index_of(device: Any) -> int | None:
     """The device index an Ascend device argument names, or None for "the current one"."""
     if device is None:
         return None
@@ -54,9 +54,9 @@ def _index_of(device: Any) -> int | None:
 def to_emulated(target: torch.device, device: Any = None) -> torch.device:
     """The real device for an Ascend device argument (``None``, an index, ``"npu:i"``)."""
     if target.type == "cpu":
-        _index_of(device)  # still reject nonsense
+        device_index_of(device)  # still reject nonsense
         return _REAL_DEVICE("cpu")
-    index = _index_of(device)
+    index = device_index_of(device)
     if index is None:
         index = target.index if target.index is not None else torch.cuda.current_device()
     return _REAL_DEVICE("cuda", index)
@@ -64,7 +64,7 @@ def to_emulated(target: torch.device, device: Any = None) -> torch.device:
 
 def emulated_string(target: torch.device, device: Any = None) -> str:
     """:func:`to_emulated` as a string ("cpu", "cuda", "cuda:1"), for code Dynamo traces."""
-    index = _index_of(device)
+    index = device_index_of(device)
     if target.type == "cpu":
         return "cpu"
     if index is None:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from torchair.base.log import logger
-from torchair.compat._device import _index_of, to_emulated
+from torchair.compat._device import device_index_of, to_emulated
 from torchair.compat._errors import module_getattr
 from torchair.compat._settings import settings_api
 from torchair.compat._streams import stream_api
@@ -110,7 +110,7 @@ def _host_api() -> dict[str, Callable[..., Any] | type]:
 
     def set_device(device: Any) -> None:
         to_emulated(cpu, device)
-        index = _index_of(device)
+        index = device_index_of(device)
         if index is not None:
             if index < 0:
                 raise ValueError(f"torch.npu.set_device({device!r}): a device index must be "

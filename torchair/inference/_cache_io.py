@@ -15,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from torchair.plan.inputs import InputInfo
-from torchair.plan.sink import HostScalarProgram, _Ref
+from torchair.plan.sink import HostScalarProgram, StepRef
 
 
 class NotCacheable(Exception):
@@ -221,7 +221,7 @@ def program_to_graph(program: HostScalarProgram) -> fx.GraphModule:
     env = [graph.placeholder(f"in{i}") for i in range(len(program.input_indices))]
 
     def node_of(a: Any) -> Any:
-        return env[a.index] if isinstance(a, _Ref) else a
+        return env[a.index] if isinstance(a, StepRef) else a
 
     for fn, fn_args, fn_kwargs in program.steps:
         env.append(graph.call_function(fn, fx.node.map_aggregate(fn_args, node_of),
@@ -239,13 +239,13 @@ def program_from_graph(gm: fx.GraphModule, input_indices: Sequence[int],
         if node.op == "placeholder":
             index[node] = len(index)
         elif node.op == "call_function":
-            def ref(n: fx.Node) -> _Ref:
-                return _Ref(index[n])
+            def ref(n: fx.Node) -> StepRef:
+                return StepRef(index[n])
             steps.append((node.target, tuple(fx.node.map_arg(node.args, ref)),
                           dict(fx.node.map_arg(dict(node.kwargs), ref))))
             index[node] = len(index)
         elif node.op == "output":
-            slots = [(_Ref(index[a]) if isinstance(a, fx.Node) else a) for a in node.args[0]]
+            slots = [(StepRef(index[a]) if isinstance(a, fx.Node) else a) for a in node.args[0]]
     return HostScalarProgram(tuple(input_indices), tuple(steps), tuple(slots),
                              tuple(input_names))
 

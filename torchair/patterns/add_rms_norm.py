@@ -124,7 +124,7 @@ def has_anchor(gm) -> bool:
 
 def register_defaults() -> tuple[str, ...]:
     """Register the default patterns unless they are; returns the names of those registered."""
-    with replacement._lock:  # another thread must not see some variants registered only
+    with replacement.REGISTRY_LOCK:  # another thread must not see some variants registered only
         if all(name in registered_patterns() for name in NAMES):
             return NAMES
         missing = [op for op in _OPS if not hasattr(torch.ops.npu, op)]

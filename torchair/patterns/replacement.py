@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree
 from torchair.base.log import logger
 
 MIN_TORCH = (2, 6)
-_lock = threading.RLock()
+REGISTRY_LOCK = threading.RLock()
 _table = None  # the PatternMatcherPass holding every registered pattern (created lazily)
 _names: list[str] = []
 _sources: list[tuple[str, str]] = []  # (name, source of search_fn + replace_fn), for cache keys
@@ -143,7 +143,7 @@ def register_replacement(search_fn: Callable, replace_fn: Callable,
     replay = functools.partial(_replay_check, search_fn, replace_fn, trace_fn or trace_forward,
                                checked)
     same = functools.partial(_replay_equal, search_fn)
-    with _lock:
+    with REGISTRY_LOCK:
         table = _pattern_table()
         before = {key: list(entries) for key, entries in table.patterns.items()}
         added = _inductor_register(search_fn, replace_fn, example_inputs,
@@ -417,7 +417,7 @@ def registered_patterns() -> tuple[str, ...]:
 def apply_patterns(gm: fx.GraphModule) -> dict[str, int]:
     """Run every registered pattern on ``gm`` once; returns rewrites per pattern name."""
     global _counts
-    with _lock:
+    with REGISTRY_LOCK:
         table = _pattern_table()
         if not table.patterns:
             return {}
@@ -433,7 +433,7 @@ def apply_patterns(gm: fx.GraphModule) -> dict[str, int]:
 @contextlib.contextmanager
 def isolated_patterns():
     """Patterns registered inside the ``with`` block are forgotten at its end (for tests)."""
-    with _lock:
+    with REGISTRY_LOCK:
         table = _pattern_table()
         saved = ({k: list(v) for k, v in table.patterns.items()},
                  {k: list(v) for k, v in getattr(table, "seen_patterns", {}).items()},
@@ -441,7 +441,7 @@ def isolated_patterns():
     try:
         yield
     finally:
-        with _lock:
+        with REGISTRY_LOCK:
             table.patterns.clear()
             table.patterns.update(saved[0])
             if hasattr(table, "seen_patterns"):

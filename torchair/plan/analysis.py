@@ -51,7 +51,7 @@ def _is_scalar_node(node: fx.Node) -> bool:
     return isinstance(_val(node), (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
 
 
-def _arg(node: fx.Node, name: str) -> Any:
+def node_arg(node: fx.Node, name: str) -> Any:
     if name in node.kwargs:
         return node.kwargs[name]
     for i, a in enumerate(node.target._schema.arguments):
@@ -60,7 +60,7 @@ def _arg(node: fx.Node, name: str) -> Any:
     return None
 
 
-def _flat(value: Any) -> list:
+def flatten_args(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
@@ -74,8 +74,8 @@ def value_dependent_uses(gm: fx.GraphModule) -> list[ValueDependentUse]:
             continue
         symbolic, consts = [], {}
         for name in entry.args:
-            value = _arg(node, name)
-            if any(isinstance(v, fx.Node) for v in _flat(value)):
+            value = node_arg(node, name)
+            if any(isinstance(v, fx.Node) for v in flatten_args(value)):
                 symbolic.append(name)
             elif value is not None:
                 consts[name] = value
@@ -138,7 +138,7 @@ def _outside_uses(scalars: list[fx.Node], scalar_set: set[fx.Node],
 
 
 def _only_in_args(user: fx.Node, node: fx.Node, use: ValueDependentUse) -> bool:
-    inside = sum(_flat(_arg(user, name)).count(node) for name in use.symbolic_args)
+    inside = sum(flatten_args(node_arg(user, name)).count(node) for name in use.symbolic_args)
     return inside == _all_refs(user).count(node)
 
 
@@ -185,7 +185,7 @@ def analyze(gm: fx.GraphModule, inputs: Sequence[InputInfo], *, tiling_sink: boo
                            f"region or keep it on the device")
     for use in uses:
         for name in use.symbolic_args:
-            foreign = [v for v in _flat(_arg(use.node, name))
+            foreign = [v for v in flatten_args(node_arg(use.node, name))
                        if isinstance(v, fx.Node) and v not in scalar_set]
             if foreign:
                 sinkable = False

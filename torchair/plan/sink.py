@@ -17,13 +17,13 @@ import torch
 import torch.fx as fx
 
 from torchair.base.sink_meta import sunk_slots  # noqa: F401 (re-exported: the old path)
-from torchair.plan.analysis import Analysis, _arg, _flat
+from torchair.plan.analysis import Analysis, flatten_args, node_arg
 
 SUNK_INPUT_NAME = "sunk_scalars"
 
 
 @dataclasses.dataclass(frozen=True)
-class _Ref:
+class StepRef:
     index: int
 
 
@@ -33,7 +33,7 @@ class HostScalarProgram:
 
     input_indices: tuple[int, ...]  # argument positions of the scalar inputs
     steps: tuple[tuple[Callable, tuple, dict], ...]  # scalar arithmetic and checks, in order
-    slots: tuple[Any, ...]  # per buffer element: a _Ref into the values, or a constant int
+    slots: tuple[Any, ...]  # per buffer element: a StepRef into the values, or a constant int
     input_names: tuple[str, ...] = ()
     # the compiled form of the program (built at the first call; see _compile_program)
     _run: Callable | None = dataclasses.field(default=None, init=False, repr=False,
@@ -47,12 +47,12 @@ class HostScalarProgram:
         refs: list[int] = []
 
         def note(a: Any) -> Any:
-            if isinstance(a, _Ref):
+            if isinstance(a, StepRef):
                 refs.append(a.index)
             return a
 
         used: set[int] = set()
-        pending = [s.index for s in self.slots if isinstance(s, _Ref)]
+        pending = [s.index for s in self.slots if isinstance(s, StepRef)]
         n = len(self.input_indices)
         while pending:
             k = pending.pop()
@@ -77,28 +77,28 @@ class HostScalarProgram:
         env = [args[i] for i in self.input_indices]
 
         def resolve(a: Any) -> Any:
-            return env[a.index] if isinstance(a, _Ref) else a
+            return env[a.index] if isinstance(a, StepRef) else a
 
         for fn, fn_args, fn_kwargs in self.steps:
             env.append(fn(*fx.node.map_aggregate(fn_args, resolve),
                           **fx.node.map_aggregate(fn_kwargs, resolve)))
-        return [int(env[s.index]) if isinstance(s, _Ref) else int(s) for s in self.slots]
+        return [int(env[s.index]) if isinstance(s, StepRef) else int(s) for s in self.slots]
 
 
 def _has_ref(value: Any) -> bool:
-    found: list[_Ref] = []
-    fx.node.map_aggregate(value, lambda a: found.append(a) if isinstance(a, _Ref) else None)
+    found: list[StepRef] = []
+    fx.node.map_aggregate(value, lambda a: found.append(a) if isinstance(a, StepRef) else None)
     return bool(found)
 
 
 def _argument_reader(value: Any) -> Callable[[list], Any]:
     """``read(env) -> value`` with its references resolved, decided once per argument."""
-    if isinstance(value, _Ref):
+    if isinstance(value, StepRef):
         return operator.itemgetter(value.index)
     if not _has_ref(value):
         return lambda env: value
     return lambda env: fx.node.map_aggregate(
-        value, lambda a: env[a.index] if isinstance(a, _Ref) else a)
+        value, lambda a: env[a.index] if isinstance(a, StepRef) else a)
 
 
 def _compile_program(program: HostScalarProgram) -> Callable[[Sequence[Any]], list[int]]:
@@ -107,7 +107,7 @@ def _compile_program(program: HostScalarProgram) -> Callable[[Sequence[Any]], li
     part of each step's host time (the common program, slots that are inputs, is one list
     comprehension)."""
     indices = program.input_indices
-    slots = tuple((s.index, 0) if isinstance(s, _Ref) else (None, int(s)) for s in program.slots)
+    slots = tuple((s.index, 0) if isinstance(s, StepRef) else (None, int(s)) for s in program.slots)
     if not program.steps and all(k is not None for k, _ in slots):
         picks = tuple(indices[k] for k, _ in slots)
         return lambda args: [int(args[p]) for p in picks]
@@ -150,8 +150,8 @@ def sink_scalars(gm: fx.GraphModule, analysis: Analysis, input_names: Sequence[s
     for node in analysis.host_scalars:
         if node.op == "placeholder":
             continue
-        fn_args = fx.node.map_arg(node.args, lambda n: _Ref(index[n]))
-        fn_kwargs = fx.node.map_arg(dict(node.kwargs), lambda n: _Ref(index[n]))
+        fn_args = fx.node.map_arg(node.args, lambda n: StepRef(index[n]))
+        fn_kwargs = fx.node.map_arg(dict(node.kwargs), lambda n: StepRef(index[n]))
         index[node] = len(scalar_inputs) + len(steps)
         steps.append((node.target, tuple(fn_args), fn_kwargs))
 
@@ -166,12 +166,12 @@ def sink_scalars(gm: fx.GraphModule, analysis: Analysis, input_names: Sequence[s
         # every host-read list argument goes into the buffer, the constant ones ([], or values
         # Dynamo specialized) too: the twin takes tensors there
         for name in use.entry.args:
-            if name not in use.symbolic_args and not isinstance(_arg(use.node, name),
+            if name not in use.symbolic_args and not isinstance(node_arg(use.node, name),
                                                                 (list, tuple)):
                 continue  # absent (None)
-            values = _flat(_arg(use.node, name))
+            values = flatten_args(node_arg(use.node, name))
             start = len(slots)
-            slots.extend(_Ref(index[v]) if isinstance(v, fx.Node) else int(v) for v in values)
+            slots.extend(StepRef(index[v]) if isinstance(v, fx.Node) else int(v) for v in values)
             with graph.inserting_before(node):
                 piece = graph.call_function(torch.ops.aten.slice.Tensor,
                                             (buffer, 0, start, len(slots)))

@@ -70,7 +70,7 @@ def as_fia_message(msg: str, kv_lengths: bool = False) -> str:
 
 
 @contextlib.contextmanager
-def _as_fia(kv_lengths: bool = False):
+def ifa_errors_as_fia(kv_lengths: bool = False):
     """Re-raise the ValueErrors of the shared IFA checks under this op's name
     (:func:`as_fia_message`)."""
     try:
@@ -128,8 +128,8 @@ def _q_lengths(actual_seq_lengths, dims: _common.AttentionDims, device) -> torch
 
 
 def _kv_lengths(actual_seq_lengths_kv, dims: _common.AttentionDims, device):
-    with _as_fia(kv_lengths=True):
-        _ifa._host_lengths(actual_seq_lengths_kv, dims.batch)
+    with ifa_errors_as_fia(kv_lengths=True):
+        _ifa.host_lengths(actual_seq_lengths_kv, dims.batch)
     try:
         return _common.seq_lengths_tensor(OP, actual_seq_lengths_kv, dims.batch, device)
     except ValueError as e:
@@ -191,8 +191,8 @@ def _antiquant(a: dict, plan: IfaPlan) -> tuple[KvQuant | None, KvQuant | None]:
         mode = a["antiquant_mode"]
         scale, offset = combined["antiquant_scale"], combined["antiquant_offset"]
         if mode == 0:
-            with _as_fia():
-                _ifa._check_antiquant(True, scale, offset, layout, dims.num_kv_heads,
+            with ifa_errors_as_fia():
+                _ifa.check_antiquant(True, scale, offset, layout, dims.num_kv_heads,
                                       dims.head_dim)
         for name, t in combined.items():
             if t is not None and (t.dim() < 1 or t.shape[0] != 2):
@@ -227,14 +227,14 @@ def validate(a: dict) -> FiaPlan:
                    a["atten_mask"])
     layout, block_table = a["input_layout"], a["block_table"]
     paged = block_table is not None
-    with _as_fia():
-        _ifa._check_ranks(query, key, value, layout, paged)
-        kv_int8 = _ifa._check_dtypes(query, key, value)
+    with ifa_errors_as_fia():
+        _ifa.check_ranks(query, key, value, layout, paged)
+        kv_int8 = _ifa.check_dtypes(query, key, value)
         if paged:
             num_kv = _common.check_head_counts(OP, a["num_heads"], a["num_key_value_heads"])
             batch, q_len, head_dim = _common.query_dims(OP, query, layout, a["num_heads"])
-            with _as_fia(kv_lengths=True):
-                kv_len = _ifa._check_paged(query, key, block_table, a["block_size"],
+            with ifa_errors_as_fia(kv_lengths=True):
+                kv_len = _ifa.check_paged(query, key, block_table, a["block_size"],
                                            a["actual_seq_lengths_kv"], kv_int8, batch, num_kv,
                                            head_dim)
             dims = _common.AttentionDims(batch, a["num_heads"], num_kv, q_len, kv_len, head_dim)
@@ -242,16 +242,16 @@ def validate(a: dict) -> FiaPlan:
             dims = _common.attention_dims(OP, query, key, value, num_heads=a["num_heads"],
                                           num_key_value_heads=a["num_key_value_heads"],
                                           input_layout=layout)
-        _ifa._check_quant({n: a[n] for n in ("dequant_scale1", "quant_scale1", "dequant_scale2",
+        _ifa.check_quant({n: a[n] for n in ("dequant_scale1", "quant_scale1", "dequant_scale2",
                                              "quant_scale2", "quant_offset2")},
                           dims.num_heads, dims.head_dim)
         if a["pse_shift"] is not None:
-            _ifa._check_pse(a["pse_shift"], query, dims)
+            _ifa.check_pse(a["pse_shift"], query, dims)
     kv_lengths = _kv_lengths(a["actual_seq_lengths_kv"], dims, query.device)
     padding = None
     if a["kv_padding_size"] is not None:
-        with _as_fia():
-            _ifa._check_kv_padding(a["kv_padding_size"], dims.batch, query.device)
+        with ifa_errors_as_fia():
+            _ifa.check_kv_padding(a["kv_padding_size"], dims.batch, query.device)
         if kv_lengths is not None:
             padding = a["kv_padding_size"].reshape(-1).to(torch.int64)
     ifa = IfaPlan(dims, layout, paged, paged and key.dim() == 4, kv_int8, kv_lengths, padding,

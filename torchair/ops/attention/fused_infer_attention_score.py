@@ -66,7 +66,7 @@ import torch
 from torchair.base.registry import define_op, register_value_dependent
 from torchair.ops.attention import common as _common
 from torchair.ops.attention import ifa_compute as _compute
-from torchair.ops.attention.fia_checks import INT_MAX, OP, FiaPlan, KvQuant, _as_fia, validate
+from torchair.ops.attention.fia_checks import INT_MAX, OP, FiaPlan, KvQuant, ifa_errors_as_fia, validate
 from torchair.ops.attention.fia_prefix import resolve_shared_prefix
 
 __all__ = ["fused_infer_attention_score_reference", "npu_fused_infer_attention_score",
@@ -259,11 +259,11 @@ def _empty_lse(query: torch.Tensor) -> torch.Tensor:
     return query.new_empty((0,), dtype=torch.float32)
 
 
-def _run(a: dict, *, fast: bool):
+def run_fia(a: dict, *, fast: bool):
     a = resolve_shared_prefix(a)  # a call with a shared prefix as the same call without one
     plan = validate(a)
     want_lse = bool(a["softmax_lse_flag"])
-    with _as_fia():  # block ids are checked by IFA's compute helpers: errors under this op's name
+    with ifa_errors_as_fia():  # block ids are checked by IFA's compute helpers: errors under this op's name
         out = _decode(a, plan) if fast else None
         lse = None
         if out is None:
@@ -277,15 +277,15 @@ def fused_infer_attention_score_reference(query, key, value, **kwargs):
     Takes the schema's keyword arguments; the length arguments may be lists or 1-D int64 tensors.
     Returns ``(attention_out, softmax_lse)`` as the op does.
     """
-    return _run(arguments(query, key, value, kwargs), fast=False)
+    return run_fia(arguments(query, key, value, kwargs), fast=False)
 
 
 def _eager(query, key, value, **kwargs):
     """Eager kernel of the op and of its twin (length arguments: lists or tensors)."""
-    return _run(arguments(query, key, value, kwargs), fast=True)
+    return run_fia(arguments(query, key, value, kwargs), fast=True)
 
 
-def _fake(query, key, value, **kwargs):
+def fia_fake(query, key, value, **kwargs):
     """Fake kernel of the op and its twin: shapes only; reads no SymInt, adds no guard."""
     a = arguments(query, key, value, kwargs)
     layout = a["input_layout"]
@@ -306,8 +306,8 @@ def _fake(query, key, value, **kwargs):
     return out, query.new_empty(shape, dtype=torch.float32)
 
 
-npu_fused_infer_attention_score = define_op(_SCHEMA, fake=_fake, kernel=_eager)
-npu_fused_infer_attention_score_tensor = define_op(_TWIN_SCHEMA, fake=_fake, kernel=_eager)
+npu_fused_infer_attention_score = define_op(_SCHEMA, fake=fia_fake, kernel=_eager)
+npu_fused_infer_attention_score_tensor = define_op(_TWIN_SCHEMA, fake=fia_fake, kernel=_eager)
 register_value_dependent(npu_fused_infer_attention_score.default,
                          ["actual_seq_lengths", "actual_seq_lengths_kv",
                           "actual_shared_prefix_len"],

@@ -37,6 +37,7 @@ from typing import Iterator
 import torch
 
 from torchair.base.registry import define_op, register_value_dependent
+from torchair.ops.attention import common as _common
 from torchair.ops.attention import fused_infer_attention_score as _v1
 from torchair.ops.attention.fia_checks import INT_MAX
 
@@ -110,7 +111,7 @@ _OP_RE = re.compile(r"\bnpu_fused_infer_attention_score\b(?!_v2)")
 
 
 @contextlib.contextmanager
-def _v2_names() -> Iterator[None]:
+def v2_wording() -> Iterator[None]:
     """Re-raise the v1 checks' errors with the v2 op and argument names."""
     try:
         yield
@@ -177,21 +178,21 @@ def _to_output_layout(out: torch.Tensor, q_layout: str, out_layout: str,
         return out.squeeze(0)
     if out_layout == q_layout:
         return out
-    bnsd = _v1._common.to_bnsd(out, q_layout, heads)
+    bnsd = _common.to_bnsd(out, q_layout, heads)
     if out_layout == "NBSD":
         return bnsd.permute(1, 0, 2, 3).contiguous()
-    return _v1._common.from_bnsd(bnsd, out_layout)
+    return _common.from_bnsd(bnsd, out_layout)
 
 
 def _compute(query, key, value, kwargs: dict, *, fake: bool, fast: bool = True):
     a = _args(kwargs)
     q_layout, out_layout = _check(query, a)
     (q, k, v), v1_kwargs = _v1_call(query, key, value, a, q_layout)
-    with _v2_names():
+    with v2_wording():
         if fake:
-            out, lse = _v1._fake(q, k, v, **v1_kwargs)
+            out, lse = _v1.fia_fake(q, k, v, **v1_kwargs)
         else:
-            out, lse = _v1._run(_v1.arguments(q, k, v, v1_kwargs), fast=fast)
+            out, lse = _v1.run_fia(_v1.arguments(q, k, v, v1_kwargs), fast=fast)
     return _to_output_layout(out, q_layout, out_layout, a["num_query_heads"]), lse
 
 

@@ -42,7 +42,7 @@ def _err(msg: str) -> ValueError:
     return ValueError(f"{OP}: {msg}")
 
 
-def _check_dtypes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+def check_dtypes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
     """Check q/k/v dtypes; return whether key/value are int8 (antiquant)."""
     if query.dtype == key.dtype == value.dtype == torch.int8:
         raise _err("query, key and value all int8 is not supported (the contract excludes the "
@@ -59,7 +59,7 @@ def _check_dtypes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -
     return key.dtype == torch.int8
 
 
-def _check_ranks(query, key, value, layout: str, paged: bool) -> None:
+def check_ranks(query, key, value, layout: str, paged: bool) -> None:
     if not paged:
         _common.check_layout_ranks(OP, query, key, value, layout)
         return
@@ -76,7 +76,7 @@ def _check_ranks(query, key, value, layout: str, paged: bool) -> None:
                    f"{list(key.shape)}) needs input_layout='BNSD'; got {layout!r}")
 
 
-def _host_lengths(actual_seq_lengths, batch: int) -> list[int] | None:
+def host_lengths(actual_seq_lengths, batch: int) -> list[int] | None:
     """The lengths as a list of B ints when they are a host sequence, else None."""
     if actual_seq_lengths is None or isinstance(actual_seq_lengths, torch.Tensor):
         return None
@@ -90,7 +90,7 @@ def _host_lengths(actual_seq_lengths, batch: int) -> list[int] | None:
     return lengths * batch if len(lengths) == 1 else lengths
 
 
-def _check_paged(query, key, block_table, block_size: int, actual_seq_lengths, kv_int8: bool,
+def check_paged(query, key, block_table, block_size: int, actual_seq_lengths, kv_int8: bool,
                  batch: int, num_kv: int, head_dim: int) -> int:
     """Check page attention; return the logical KV length max_blocks * block_size."""
     if actual_seq_lengths is None:
@@ -116,7 +116,7 @@ def _check_paged(query, key, block_table, block_size: int, actual_seq_lengths, k
     if list(key.shape) != want:
         raise _err(f"paged key shape {list(key.shape)} must be {form} = {want} (block_size="
                    f"{block_size}, num_key_value_heads={num_kv}, D={head_dim})")
-    lengths = _host_lengths(actual_seq_lengths, batch)
+    lengths = host_lengths(actual_seq_lengths, batch)
     if lengths is not None:
         check_paged_lengths(lengths, block_table.shape[1], key.shape[0], block_size)
     return block_table.shape[1] * block_size
@@ -141,7 +141,7 @@ def _antiquant_shape(layout: str, num_kv: int, head_dim: int) -> list[int]:
             "BSND": [2, num_kv, head_dim]}[layout]
 
 
-def _check_antiquant(kv_int8: bool, antiquant_scale, antiquant_offset, layout: str,
+def check_antiquant(kv_int8: bool, antiquant_scale, antiquant_offset, layout: str,
                      num_kv: int, head_dim: int) -> None:
     given = {"antiquant_scale": antiquant_scale, "antiquant_offset": antiquant_offset}
     if not kv_int8:
@@ -164,7 +164,7 @@ def _check_antiquant(kv_int8: bool, antiquant_scale, antiquant_offset, layout: s
                        f"{layout!r} (index 0 key, 1 value; per channel)")
 
 
-def _check_quant(tensors: dict, num_heads: int, head_dim: int) -> None:
+def check_quant(tensors: dict, num_heads: int, head_dim: int) -> None:
     for name in FULL_QUANT_ARGS:
         if tensors[name] is not None:
             raise _err(f"{name} must be None: it belongs to the int8 query/key/value scenario, "
@@ -186,7 +186,7 @@ def _check_quant(tensors: dict, num_heads: int, head_dim: int) -> None:
                        f"(per-tensor) or N * D = {channels} (per-channel)")
 
 
-def _check_pse(pse_shift, query, dims: _common.AttentionDims) -> None:
+def check_pse(pse_shift, query, dims: _common.AttentionDims) -> None:
     if pse_shift.dtype != query.dtype:
         raise _err(f"pse_shift dtype {pse_shift.dtype} must equal query dtype {query.dtype}")
     if dims.head_dim % 16 != 0:
@@ -200,7 +200,7 @@ def _check_pse(pse_shift, query, dims: _common.AttentionDims) -> None:
                    f"expected [B or 1, N, 1, S_kv]")
 
 
-def _check_kv_padding(kv_padding_size, batch: int, device) -> None:
+def check_kv_padding(kv_padding_size, batch: int, device) -> None:
     if kv_padding_size.dtype not in LENGTH_DTYPES:
         raise _err(f"kv_padding_size dtype {kv_padding_size.dtype} is not supported; expected "
                    f"torch.int64")
@@ -225,30 +225,30 @@ def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, pad
         raise _err(f"inner_precise={inner_precise} must be 0 (high precision) or 1 (high "
                    f"performance)")
     paged = block_table is not None
-    _check_ranks(query, key, value, input_layout, paged)
-    kv_int8 = _check_dtypes(query, key, value)
+    check_ranks(query, key, value, input_layout, paged)
+    kv_int8 = check_dtypes(query, key, value)
     if paged:
         num_kv = _common.check_head_counts(OP, num_heads, num_key_value_heads)
         batch, q_len, head_dim = _common.query_dims(OP, query, input_layout, num_heads)
-        kv_len = _check_paged(query, key, block_table, block_size, actual_seq_lengths, kv_int8,
+        kv_len = check_paged(query, key, block_table, block_size, actual_seq_lengths, kv_int8,
                               batch, num_kv, head_dim)
         dims = _common.AttentionDims(batch, num_heads, num_kv, q_len, kv_len, head_dim)
     else:
         dims = _common.attention_dims(OP, query, key, value, num_heads=num_heads,
                                       num_key_value_heads=num_key_value_heads,
                                       input_layout=input_layout)
-    _check_antiquant(kv_int8, antiquant_scale, antiquant_offset, input_layout, dims.num_kv_heads,
+    check_antiquant(kv_int8, antiquant_scale, antiquant_offset, input_layout, dims.num_kv_heads,
                      dims.head_dim)
-    _check_quant({"dequant_scale1": dequant_scale1, "quant_scale1": quant_scale1,
+    check_quant({"dequant_scale1": dequant_scale1, "quant_scale1": quant_scale1,
                   "dequant_scale2": dequant_scale2, "quant_scale2": quant_scale2,
                   "quant_offset2": quant_offset2}, dims.num_heads, dims.head_dim)
     if pse_shift is not None:
-        _check_pse(pse_shift, query, dims)
-    _host_lengths(actual_seq_lengths, dims.batch)  # negative host lengths
+        check_pse(pse_shift, query, dims)
+    host_lengths(actual_seq_lengths, dims.batch)  # negative host lengths
     lengths = _common.seq_lengths_tensor(OP, actual_seq_lengths, dims.batch, query.device)
     padding = None
     if kv_padding_size is not None:
-        _check_kv_padding(kv_padding_size, dims.batch, query.device)
+        check_kv_padding(kv_padding_size, dims.batch, query.device)
         if lengths is not None:  # left padding needs both; otherwise right padding (ignored)
             padding = kv_padding_size.reshape(-1).to(torch.int64)
     mask = None

@@ -168,7 +168,7 @@ def _lengths(bound: _Bound, lengths, block_table) -> list[int]:
     if lengths is None:
         return [bound.kv_len] * bound.batch
     device = isinstance(lengths, torch.Tensor)  # the twin's: no table-width / blocknum checks
-    host = _ifa_checks._host_lengths(lengths.tolist() if device else lengths,
+    host = _ifa_checks.host_lengths(lengths.tolist() if device else lengths,
                                      bound.batch)  # counts, negatives
     if block_table is not None and not device:
         _ifa_checks.check_paged_lengths(host, block_table.shape[1], bound.num_blocks,

@@ -108,9 +108,9 @@ def _compute(query, key, value, kwargs: dict, *, fake: bool, fast: bool = True) 
     fia_kwargs = _fia_call(kwargs)
     with _pfa_names():
         if fake:
-            out, _ = _fia._fake(query, key, value, **fia_kwargs)
+            out, _ = _fia.fia_fake(query, key, value, **fia_kwargs)
         else:
-            out, _ = _fia._run(_fia.arguments(query, key, value, fia_kwargs), fast=fast)
+            out, _ = _fia.run_fia(_fia.arguments(query, key, value, fia_kwargs), fast=fast)
     return out
 
 

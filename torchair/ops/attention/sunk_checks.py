@@ -106,19 +106,19 @@ def host_list_checks(gm: fx.GraphModule) -> list[tuple[str, Check]]:
             wording: Callable[[], Any] = contextlib.nullcontext
             kv_name = "actual_seq_lengths"
         elif node.target is fia:
-            wording = lambda: _fia_checks._as_fia(kv_lengths=True)  # noqa: E731
+            wording = lambda: _fia_checks.ifa_errors_as_fia(kv_lengths=True)  # noqa: E731
             kv_name = "actual_seq_lengths_kv"
         else:
             def wording():  # v1's checks under FIA's words, then v2's
                 stack = contextlib.ExitStack()
-                stack.enter_context(_v2._v2_names())
-                stack.enter_context(_fia_checks._as_fia(kv_lengths=True))
+                stack.enter_context(_v2.v2_wording())
+                stack.enter_context(_fia_checks.ifa_errors_as_fia(kv_lengths=True))
                 return stack
             kv_name = "actual_seq_lengths_kv"
         kv_slots = sunk_slots(kw.get(kv_name))
         q_slots = sunk_slots(kw.get("actual_seq_lengths")) if node.target is not ifa else None
         if (kv_slots is not None and paged is not None) or q_slots is not None:
-            q_wording = contextlib.nullcontext if node.target is fia else _v2._v2_names
+            q_wording = contextlib.nullcontext if node.target is fia else _v2.v2_wording
             checks.append((node.name, _call_check(kv_slots, q_slots, batch, q_len, paged,
                                                   wording, q_wording)))
     return checks
