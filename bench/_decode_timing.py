@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 import torchair  # (registers torch.ops.npu.*)
-from bench import _harness as H
-from bench import _profile as P
+from bench import _harness as H, _profile as P
 from bench._decode_variants import DYNAMO_FLOOR, FLOOR, THROUGH_DYNAMO, DynamoFloor, make_variant, reset_caches
 from bench.model import DecoderStep, ModelConfig, StepInput, make_schedule
 from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, read_bandwidth, x_floor

@@ -68,8 +68,7 @@ import time
 
 import torch
 
-from bench import _harness as H
-from bench import _profile as P
+from bench import _harness as H, _profile as P
 from bench._decode_timing import run_batch
 from bench._decode_variants import ALL_VARIANTS, CPU_ONLY, CUDA_ONLY, DYNAMO_FLOOR, FLOOR
 from bench.model import ModelConfig

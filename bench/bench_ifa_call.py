@@ -33,9 +33,7 @@ import torch
 import torchair  # noqa: F401  (registers the ops)
 from bench import _harness
 from torchair.ops.attention import ifa_fast as _ifa_fast
-from torchair.ops.attention.cpu import launch_fakes as _fakes
-from torchair.ops.attention.cpu import launch_library as _launch
-from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention.cpu import launch_fakes as _fakes, launch_library as _launch, native as _decode_native
 
 
 def _variants(args) -> dict:

@@ -16,13 +16,13 @@ import warnings
 from typing import Any, Callable
 
 from torchair import inference, ops, scope
-from torchair.base.log import logger
-from torchair.base.parity import unsupported_reason
-from torchair.base.version import VERSION
+from torchair.base.log import logger as _logger
+from torchair.base.parity import unsupported_reason as _unsupported_reason
+from torchair.base.version import VERSION as _VERSION
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.plan.report import GraphReport, graph_reports
 
-__version__ = VERSION
+__version__ = _VERSION
 
 # The compiler (backend, pipeline, passes, patterns) loads on first use, so a process that only
 # runs cache_compile's warm entries never imports it (nor the sympy/decomposition machinery).
@@ -45,7 +45,7 @@ def __getattr__(name: str):
         return value
     if name in _LAZY_MODULES:
         return importlib.import_module(f"torchair.{name}")  # the import binds the attribute
-    reason = unsupported_reason(f"torchair.{name}")
+    reason = _unsupported_reason(f"torchair.{name}")
     if reason is not None:
         raise AttributeError(f"torchair.{name} is not supported by this torchair: {reason}")
     raise AttributeError(f"module 'torchair' has no attribute {name!r}")
@@ -86,7 +86,7 @@ def register_fx_node_ge_converter(aten_op: Any) -> Callable[[Callable], Callable
         if not callable(converter):
             raise TypeError(f"register_fx_node_ge_converter({aten_op}): the converter must be "
                             f"callable, got {type(converter).__name__}")
-        logger.info("register_fx_node_ge_converter(%s): GE converters are not used by torchair "
+        _logger.info("register_fx_node_ge_converter(%s): GE converters are not used by torchair "
                     "(no GE graph); the op runs through its PyTorch kernels", aten_op)
         return converter
 

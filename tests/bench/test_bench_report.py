@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import _report_page as PG
-from bench import _report_run as RUN
-from bench import _report_summary as S
-from bench import report as R
+from bench import _report_page as PG, _report_run as RUN, _report_summary as S, report as R
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

@@ -10,9 +10,7 @@ import os
 import pytest
 import torch
 
-from bench import _decode_variants as V
-from bench import _profile as P
-from bench import bench_decode_step as bench
+from bench import _decode_variants as V, _profile as P, bench_decode_step as bench
 from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
 from torchair.ops.matmul import cpu as _mm
 

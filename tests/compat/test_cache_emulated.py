@@ -20,8 +20,7 @@ from torch.overrides import TorchFunctionMode
 import torchair
 from torchair.compat import emulate_npu
 from torchair.compat._mode import NpuDeviceMode
-from torchair.inference import _cache_key as keys
-from torchair.inference import cache_compile
+from torchair.inference import _cache_key as keys, cache_compile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

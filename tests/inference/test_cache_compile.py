@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import torchair
-from torchair.inference import _cache_store as store
-from torchair.inference import cache_compile, readable_cache
+from torchair.inference import _cache_store as store, cache_compile, readable_cache
 
 MODEL = '''
 import torch

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 import torchair
-from torchair.inference import _cache_key as keys
-from torchair.inference import cache_compile
+from torchair.inference import _cache_key as keys, cache_compile
 
 NOT_CACHED = "compiled, not cached"
 

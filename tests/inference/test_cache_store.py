@@ -12,8 +12,7 @@ import time
 import pytest
 import torch
 
-from torchair.inference import _cache_read as cache_read
-from torchair.inference import _cache_store as cs
+from torchair.inference import _cache_read as cache_read, _cache_store as cs
 from torchair.inference._cache_store import BrokenCacheError, UnsafeCacheError
 
 FILES = {"meta.json": b'{"a": 1}', "graph.json": b"[1, 2, 3]" * 100, "empty.bin": b""}

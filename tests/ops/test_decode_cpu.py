@@ -3,8 +3,7 @@
 
 import pytest
 import torch
-from _decode_check import TOL
-from _decode_check import check_cpu_kernel as _check
+from _decode_check import TOL, check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)

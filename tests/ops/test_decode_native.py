@@ -11,8 +11,7 @@ from _decode_check import check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
-from torchair.ops.attention.cpu import decode as _decode_cpu
-from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention.cpu import decode as _decode_cpu, native as _decode_native
 from torchair.ops.attention.cpu.decode import decode_attention_cpu
 from torchair.ops.attention.decode import decode_attention_reference
 from torchair.ops.toolchain import native as _native

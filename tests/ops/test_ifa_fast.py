@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from tests.ops._paging import paged
-from torchair.ops.attention import ifa_checks as _ifa_checks
-from torchair.ops.attention import ifa_fast as _ifa_fast
-from torchair.ops.attention.cpu import launch_library as _launch
-from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention import ifa_checks as _ifa_checks, ifa_fast as _ifa_fast
+from torchair.ops.attention.cpu import launch_library as _launch, native as _decode_native
 from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 from torchair.ops.toolchain import native as _native
 

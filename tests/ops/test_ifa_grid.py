@@ -150,9 +150,7 @@ def test_tensor_lengths_never_read_on_host(kw, monkeypatch):
     .tolist(), bool(tensor), nonzero... (the CPU stand-in of a CUDA graph capture). The decode
     step goes to the canonical decode reference: a CPU fast kernel may plan on the host (a CPU
     is never graph-captured); what is checked here is the op's own code around it."""
-    from torchair.ops.attention import decode as _decode
-    from torchair.ops.attention import ifa_compute as _ifa_compute
-    from torchair.ops.attention import ifa_fast as _ifa_fast
+    from torchair.ops.attention import decode as _decode, ifa_compute as _ifa_compute, ifa_fast as _ifa_fast
     from torchair.ops.attention.incre_flash_attention import _eager
     from torchair.runtime.capture import NoHostSync
     monkeypatch.setattr(_ifa_compute, "decode_attention", _decode.decode_attention_reference)

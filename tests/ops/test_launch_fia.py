@@ -8,9 +8,7 @@ import torch
 
 import torchair
 from tests.ops._paging import paged
-from tests.ops._units import compile_static as _compile
-from tests.ops._units import op_calls as _op_calls
-from tests.ops._units import same_error
+from tests.ops._units import compile_static as _compile, op_calls as _op_calls, same_error
 from torchair.ops.attention.cpu import launch_library as _launch
 
 pytestmark = pytest.mark.skipif(not _launch.available(),

@@ -13,11 +13,8 @@ import torch
 
 import torchair
 from tests.ops._paging import block_table
-from tests.ops._units import compile_static as _compile
-from tests.ops._units import op_calls as _op_calls
-from tests.ops._units import same_error
-from torchair.ops.attention.cpu import launch_fakes as _fakes
-from torchair.ops.attention.cpu import launch_library as _launch
+from tests.ops._units import compile_static as _compile, op_calls as _op_calls, same_error
+from torchair.ops.attention.cpu import launch_fakes as _fakes, launch_library as _launch
 
 pytestmark = pytest.mark.skipif(not _launch.available(),
                                 reason="needs the launch kernels (a C and a C++ compiler)")
@@ -633,7 +630,7 @@ def test_a_specialized_length_list_beside_a_symbolic_one():
 
 @pytest.mark.inductor
 def test_units_name_the_kernels_schema_in_inductors_code():
-    """A unit's launch-kernel call carries a number naming the op's schema (launch._abi), so
+    """A unit's launch-kernel call carries a number naming the op's schema (launch_fakes.abi), so
     Inductor's cache key changes with the schema: code it cached for another argument count is
     never found again (the dispatcher would read past its arguments: a crash)."""
     from torch._inductor.utils import run_and_get_code

@@ -20,10 +20,12 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
 from tests.ops._paging import paged
-from torchair.ops.attention.cpu import launch_errors as _launch_errors
-from torchair.ops.attention.cpu import launch_fakes as _fakes
-from torchair.ops.attention.cpu import launch_library as _launch
-from torchair.ops.attention.cpu import launch_probe as _probe
+from torchair.ops.attention.cpu import (
+    launch_errors as _launch_errors,
+    launch_fakes as _fakes,
+    launch_library as _launch,
+    launch_probe as _probe,
+)
 from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 from torchair.ops.toolchain import native as _native
 

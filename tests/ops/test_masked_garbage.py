@@ -15,8 +15,7 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torchair
-from torchair.ops.attention.cpu import decode as _decode_cpu
-from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention.cpu import decode as _decode_cpu, native as _decode_native
 from torchair.ops.attention.cpu.decode import decode_attention_cpu
 from torchair.ops.attention.decode import decode_attention_reference
 from torchair.runtime.units import capture_mode

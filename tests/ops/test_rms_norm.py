@@ -240,8 +240,7 @@ def test_zero_sized_normalized_dims_raise_a_clear_error(x_shape, gamma_shape):
 
 
 def test_rstd_shape_has_one_definition():
-    from torchair.ops.norm import rms_norm
-    from torchair.ops.norm import triton as _norm_triton
+    from torchair.ops.norm import rms_norm, triton as _norm_triton
     assert rms_norm.rstd_shape is _norm_cpu.rstd_shape is _norm_triton.rstd_shape
     assert not hasattr(_norm_cpu, "_rstd_shape")
     assert _norm_cpu.rstd_shape(torch.empty(2, 3, 4, 5), torch.empty(4, 5)) == [2, 3, 1, 1]

@@ -15,8 +15,10 @@ pytest.importorskip("triton")
 import torchair.ops  # noqa: E402,F401 (registers the ops)
 from torchair.ops.activation import triton as at  # noqa: E402
 from torchair.ops.activation.swiglu import swiglu_reference  # noqa: E402
-from torchair.ops.rope import rotary  # noqa: E402
-from torchair.ops.rope import triton as rt  # noqa: E402
+from torchair.ops.rope import (
+    rotary,  # noqa: E402
+    triton as rt,  # noqa: E402
+)
 from torchair.ops.rope.common import rope_reference  # noqa: E402
 from torchair.ops.rope.kv_rmsnorm_rope_cache import kv_rmsnorm_rope_cache_reference  # noqa: E402
 from torchair.ops.toolchain.triton_utils import interpreted  # noqa: E402

@@ -87,8 +87,7 @@ class _Decode(torch.nn.Module):
 
 def _other_thread_error(q, k, v, started, release, taken):
     """Leaves a deferred error in this thread until ``release``, then takes it."""
-    from torchair.ops.attention.cpu import launch_fakes as _fakes
-    from torchair.ops.attention.cpu import launch_library as _launch
+    from torchair.ops.attention.cpu import launch_fakes as _fakes, launch_library as _launch
 
     _fakes.ifa_decode()(q, k, v, torch.tensor([1, -7, 2]), None, None, 8, 2,
                         _launch.LAYOUTS["BNSD"], 0, 0.125, True)
@@ -199,8 +198,7 @@ def test_inductor_unit_fused_call(monkeypatch):
 def test_a_thread_that_ends_holding_a_deferred_error_leaves_the_count():
     """The count of threads holding a deferred error goes back down when such a thread ends
     without taking it (else every later unit call in every thread would ask in vain)."""
-    from torchair.ops.attention.cpu import launch_fakes as _fakes
-    from torchair.ops.attention.cpu import launch_library as _launch
+    from torchair.ops.attention.cpu import launch_fakes as _fakes, launch_library as _launch
 
     if not _launch.available():
         pytest.skip("needs the launch kernels (a C and a C++ compiler)")

@@ -9,8 +9,7 @@ import torch
 
 import torchair
 from tests.ops._paging import paged
-from tests.ops._units import compile_static
-from tests.ops._units import same_error as _same_error
+from tests.ops._units import compile_static, same_error as _same_error
 from torchair.runtime import staging
 
 IFA = torch.ops.npu.npu_incre_flash_attention

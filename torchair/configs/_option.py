@@ -20,6 +20,8 @@ import os
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 
+from torchair.base.log import logger
+
 __all__ = ["ANY", "BOOL", "CALLABLE", "DIR", "FILE", "INT_LIST", "JSON_FILE", "NOT_SUPPORTED",
            "NO_EFFECT", "OUT_DIR", "PATH", "STR", "WORKS", "ConfigNode", "IntRange", "Option", "OptionValue",
            "Regex", "SubConfig"]
@@ -263,8 +265,6 @@ class Option:
         instance.__dict__["_values"][self.name] = value
         if self.effect != WORKS and not _same_value(value, self.default) and full not in _logged:
             _logged.add(full)
-            from torchair.base.log import logger
-
             log = logger.info if self.effect == NO_EFFECT else logger.warning
             log("config option '%s' = %r is accepted for TorchAir compatibility but has %s: %s",
                 full, value, "no effect here" if self.effect == NO_EFFECT else

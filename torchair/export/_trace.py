@@ -25,6 +25,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from torchair.base.registry import NAMESPACE, defined_here
+from torchair.distributed import hcom
+
 __all__ = ["check_ops", "collectives_in", "dynamic_shapes_for", "trace"]
 
 # Namespaces AOTInductor lowers itself or calls through its C shims.
@@ -72,8 +75,6 @@ def _collective_named(chain: list[BaseException]) -> str | None:
 
 def trace(model: torch.nn.Module, args: tuple, kwargs: dict, *, dynamic: bool):
     """Dynamo-trace ``model(*args, **kwargs)`` into an ``ExportedProgram`` (no grad)."""
-    from torchair.distributed import hcom
-
     dynamic_shapes = dynamic_shapes_for(model, args, kwargs) if dynamic else None
     patched_here = not hcom.patched_for_hcom()
     if patched_here:
@@ -143,8 +144,6 @@ def _python_only(op: torch._ops.OpOverload) -> bool:
 def check_ops(ep) -> list[str]:
     """Raise for ops a deployment cannot run without the model's Python code; return the npu
     ops of torchair's library the package calls (the loading process imports torchair)."""
-    from torchair.base.registry import NAMESPACE, defined_here
-
     npu_ops = []
     for op in _ops(ep):
         ns = op.namespace

@@ -6,7 +6,7 @@ from torchair.inference.gears import get_dim_gears, set_dim_gears
 
 
 def __getattr__(name: str):
-    # cache_compile imports the backend, which imports this package: load it on first use
+    # the compile cache loads the runtime and engines: on first use, so `import torchair` stays light
     if name in ("cache_compile", "readable_cache", "mark_static", "CachedFunction"):
         from torchair.inference import cache
 

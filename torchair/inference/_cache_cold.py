@@ -20,6 +20,7 @@ import torch
 from torchair.base.log import logger
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.inference import _cache_store as store
+from torchair.inference.guards import record as _guards
 from torchair.runtime import engines
 
 __all__ = ["ColdState", "ahead_of_time", "recording_backend", "releasing", "sweep_entry"]
@@ -74,8 +75,6 @@ def recording_backend(config: CompilerConfig, decompositions: dict | None, name:
     and shapes, traced files, side effects) and capturing the first call's inputs and outputs;
     a recompile (a Dynamo guard failed) calls ``on_recompile`` and is not recorded."""
     from torchair.core.backend import npu_backend
-    from torchair.inference.guards import record as _guards
-
     # floats stay inputs: the per-call checks read arguments, not attributes
     inner = npu_backend(config, decompositions, specialize_floats=False)
 

@@ -17,8 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from torchair.core import recorder
-from torchair.inference import _cache_key as keys
-from torchair.inference import _cache_store as store
+from torchair.inference import _cache_key as keys, _cache_store as store
 from torchair.inference._cache_cold import ColdState
 from torchair.inference._cache_io import NotCacheable, aot_outputs_spec, info_to_json, output_spec, program_to_graph
 from torchair.inference._graph_io import graph_code, graph_to_json
@@ -196,8 +195,7 @@ def known_vec_isa(recorded: str | None) -> Iterator[None]:
     if not recorded or torch.cuda.is_available():
         yield
         return
-    from torch._inductor import config as inductor_config
-    from torch._inductor import cpu_vec_isa
+    from torch._inductor import config as inductor_config, cpu_vec_isa
 
     with inductor_config.patch({"cpp.vec_isa_ok": True}):
         same = str(cpu_vec_isa.pick_vec_isa()) == recorded

@@ -47,8 +47,7 @@ import torch
 from torchair.base.log import logger
 from torchair.configs.compiler_config import CompilerConfig
 from torchair.core import recorder
-from torchair.inference import _cache_key as keys
-from torchair.inference import _cache_store as store
+from torchair.inference import _cache_key as keys, _cache_store as store
 from torchair.inference._cache_args import Frame, apply_static_marks, mark_static
 from torchair.inference._cache_cold import ColdState, ahead_of_time, recording_backend, releasing, sweep_entry
 from torchair.inference._cache_io import NotCacheable, info_from_json, tensor_stores
@@ -64,7 +63,7 @@ from torchair.inference._cache_payload import (
 from torchair.inference._cache_readable import readable_cache
 from torchair.inference._cache_runtime import Runtime
 from torchair.inference._graph_io import UnserializableGraph
-from torchair.inference.guards import GuardSet, UnsupportedGuard
+from torchair.inference.guards import GuardSet, UnsupportedGuard, record as _guards
 
 __all__ = ["FORMAT", "CachedFunction", "cache_compile", "mark_static", "readable_cache"]
 
@@ -289,8 +288,6 @@ class CachedFunction:
 
     # ------------------------------------------------------------------ cold
     def _cold(self, args: tuple, kwargs: dict, parts: dict, entry: Any) -> Any:
-        from torchair.inference.guards import record as _guards
-
         if entry is not None:
             sweep_entry(entry)
         state = ColdState()
@@ -322,8 +319,6 @@ class CachedFunction:
 
     def _save(self, state: ColdState, parts: dict, code: Any, before: set, args: tuple,
               kwargs: dict, result: Any) -> None:
-        from torchair.inference.guards import record as _guards
-
         try:
             if state.not_cacheable:
                 raise NotCacheable(state.not_cacheable)

@@ -25,52 +25,50 @@ from __future__ import annotations
 
 import torch
 
-from torchair import scope
-from torchair.base.parity import unsupported_reason
+from torchair import scope as _scope
+from torchair.base.parity import unsupported_reason as _unsupported_reason
 from torchair.base.registry import get_value_dependent, value_dependent_ops
 from torchair.ops._events import (
     TaggedEvent,
-)
-from torchair.ops._events import (
     npu_create_tagged_event as npu_create_tagged_event,
-)
-from torchair.ops._events import (
     npu_record_tagged_stream as npu_record_tagged_stream,
-)
-from torchair.ops._events import (
     npu_tagged_event_record as npu_tagged_event_record,
-)
-from torchair.ops._events import (
     npu_tagged_event_wait as npu_tagged_event_wait,
-)
-from torchair.ops._events import (
     record as record,
-)
-from torchair.ops._events import (
     wait as wait,
 )
 from torchair.ops._print import npu_print as npu_print
 from torchair.ops.activation import swiglu as _swiglu  # noqa: F401 (registers)
-from torchair.ops.attention import fia_graph as _fia_graph
-from torchair.ops.attention import fused_infer_attention_score as _fused_infer_attention_score  # noqa: F401 (registers)
-from torchair.ops.attention import fused_infer_attention_score_v2 as _fia_v2  # noqa: F401 (registers)
-from torchair.ops.attention import incre_flash_attention as _incre_flash_attention  # noqa: F401 (registers)
-from torchair.ops.attention import prompt_flash_attention as _pfa  # noqa: F401 (registers)
+from torchair.ops.attention import (
+    fia_graph as _fia_graph,
+    fused_infer_attention_score as _fused_infer_attention_score,  # noqa: F401 (registers)
+    fused_infer_attention_score_v2 as _fia_v2,  # noqa: F401 (registers)
+    incre_flash_attention as _incre_flash_attention,  # noqa: F401 (registers)
+    prompt_flash_attention as _pfa,  # noqa: F401 (registers)
+)
 from torchair.ops.attention.cpu import decode as _decode_cpu  # noqa: F401 (registers the CPU decode kernel)
 from torchair.ops.attention.triton import decode as _decode_triton  # noqa: F401 (registers the CUDA kernel if Triton exists)
-from torchair.ops.cache import scatter_nd_update as _scatter_nd_update  # noqa: F401 (registers)
-from torchair.ops.cache import scatter_update as _scatter_update  # noqa: F401 (registers)
-from torchair.ops.moe import gating as _moe_gating  # noqa: F401 (registers)
-from torchair.ops.moe import gating_softmax as _moe_gating_softmax  # noqa: F401 (registers)
-from torchair.ops.moe import grouped_matmul as _grouped_matmul  # noqa: F401 (registers)
-from torchair.ops.moe import routing as _moe_routing  # noqa: F401 (registers)
+from torchair.ops.cache import (
+    scatter_nd_update as _scatter_nd_update,  # noqa: F401 (registers)
+    scatter_update as _scatter_update,  # noqa: F401 (registers)
+)
+from torchair.ops.moe import (
+    gating as _moe_gating,  # noqa: F401 (registers)
+    gating_softmax as _moe_gating_softmax,  # noqa: F401 (registers)
+    grouped_matmul as _grouped_matmul,  # noqa: F401 (registers)
+    routing as _moe_routing,  # noqa: F401 (registers)
+)
 from torchair.ops.norm import rms_norm as _rms_norm  # noqa: F401 (registers)
-from torchair.ops.quant import dequant_swiglu_quant as _dequant_swiglu_quant  # noqa: F401 (registers)
-from torchair.ops.quant import dynamic_quant as _dynamic_quant  # noqa: F401 (registers)
-from torchair.ops.quant import quant_matmul as _quant_matmul  # noqa: F401 (registers)
-from torchair.ops.rope import interleave_rope as _interleave_rope  # noqa: F401 (registers)
-from torchair.ops.rope import kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache  # noqa: F401 (registers)
-from torchair.ops.rope import rotary as _rotary  # noqa: F401 (registers)
+from torchair.ops.quant import (
+    dequant_swiglu_quant as _dequant_swiglu_quant,  # noqa: F401 (registers)
+    dynamic_quant as _dynamic_quant,  # noqa: F401 (registers)
+    quant_matmul as _quant_matmul,  # noqa: F401 (registers)
+)
+from torchair.ops.rope import (
+    interleave_rope as _interleave_rope,  # noqa: F401 (registers)
+    kv_rmsnorm_rope_cache as _kv_rmsnorm_rope_cache,  # noqa: F401 (registers)
+    rotary as _rotary,  # noqa: F401 (registers)
+)
 
 # the compute ops: torchair.ops.<name> is torch.ops.npu.<name>, as torch_npu.<name> on Ascend;
 # one tuple per op family (a new family adds its import above and one tuple here)
@@ -104,8 +102,8 @@ def __getattr__(name: str):
     legacy = {"npu_wait_tensor": "npu_wait_tensor", "NpuStreamSwitch": "npu_stream_switch",
               "SuperKernelScope": "super_kernel"}
     if name in legacy:
-        return getattr(scope, legacy[name])
-    reason = unsupported_reason(f"torchair.ops.{name}")
+        return getattr(_scope, legacy[name])
+    reason = _unsupported_reason(f"torchair.ops.{name}")
     if reason is not None:
         raise AttributeError(f"torchair.ops.{name} is not supported by this torchair: {reason}")
     raise AttributeError(f"module 'torchair.ops' has no attribute {name!r}")

@@ -26,6 +26,8 @@ import torch
 import torch.fx as fx
 
 from torchair.base.log import env_switch, logger, progress
+from torchair.ops.attention.cpu import launch_library as _launch
+from torchair.ops.matmul import cpu as _matmul
 from torchair.runtime._blas_strides import blas_strides
 
 Engine = Callable[[list], Sequence[Any]]
@@ -75,9 +77,7 @@ def _formulas(quant: bool = True) -> dict:
              npu.npu_add_rms_norm.default: norm.add_rms_norm_reference,
              npu.npu_add_rms_norm_cast.default: norm.add_rms_norm_cast_reference}
     if quant:
-        from torchair.ops.quant import dequant_swiglu_quant as swiglu
-        from torchair.ops.quant import dynamic_quant as dq
-        from torchair.ops.quant import lowered
+        from torchair.ops.quant import dequant_swiglu_quant as swiglu, dynamic_quant as dq, lowered
 
         table.update({
             npu.npu_dynamic_quant.default: dq.dynamic_quant_reference,
@@ -480,9 +480,6 @@ def _load_launch_kernels(path: str) -> None:
     launch, gemv = bound_calls(library_calls(path))
     if not (launch or gemv):
         return
-    from torchair.ops.attention.cpu import launch_library as _launch
-    from torchair.ops.matmul import cpu as _matmul
-
     if gemv and not _matmul.available():
         raise RuntimeError(f"{path} calls torchair's C++ small-product kernel "
                            f"(torchair_native::gemv), which could not be built or loaded here "

@@ -19,12 +19,10 @@ import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from torchair.base.log import logger
-from torchair.ops.attention.cpu import launch_errors as _launch_errors
-from torchair.ops.attention.cpu import launch_library as _launch_library
+from torchair.ops.attention.cpu import launch_errors as _launch_errors, launch_library as _launch_library
 from torchair.plan.report import GraphReport
 from torchair.plan.sink import HostScalarProgram
-from torchair.runtime import capture as _capture
-from torchair.runtime import engines as _engines
+from torchair.runtime import capture as _capture, engines as _engines
 from torchair.runtime.binders.attention import AttentionBinder, fia_errors
 from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine

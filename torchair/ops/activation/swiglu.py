@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from torchair.base.registry import define_op
-from torchair.ops.activation import cpu as _act_cpu
-from torchair.ops.activation import triton as _act_triton
+from torchair.ops.activation import cpu as _act_cpu, triton as _act_triton
 
 __all__ = ["check_swiglu", "device_kernel", "npu_swiglu", "swiglu_out_shape", "swiglu_reference"]
 

@@ -15,8 +15,7 @@ import re
 
 import torch
 
-from torchair.ops.attention import common as _common
-from torchair.ops.attention import ifa_checks as _ifa
+from torchair.ops.attention import common as _common, ifa_checks as _ifa
 from torchair.ops.attention.ifa_checks import IfaPlan
 
 OP = "npu_fused_infer_attention_score"

@@ -64,8 +64,7 @@ import dataclasses
 import torch
 
 from torchair.base.registry import define_op, register_value_dependent
-from torchair.ops.attention import common as _common
-from torchair.ops.attention import ifa_compute as _compute
+from torchair.ops.attention import common as _common, ifa_compute as _compute
 from torchair.ops.attention.fia_checks import INT_MAX, OP, FiaPlan, KvQuant, ifa_errors_as_fia, validate
 from torchair.ops.attention.fia_prefix import resolve_shared_prefix
 

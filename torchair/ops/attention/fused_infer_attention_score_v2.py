@@ -37,8 +37,7 @@ from typing import Iterator
 import torch
 
 from torchair.base.registry import define_op, register_value_dependent
-from torchair.ops.attention import common as _common
-from torchair.ops.attention import fused_infer_attention_score as _v1
+from torchair.ops.attention import common as _common, fused_infer_attention_score as _v1
 from torchair.ops.attention.fia_checks import INT_MAX
 
 __all__ = ["npu_fused_infer_attention_score_v2", "npu_fused_infer_attention_score_v2_tensor",

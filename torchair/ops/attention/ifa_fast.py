@@ -37,10 +37,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from torchair.ops import _device_checks
-from torchair.ops.attention import ifa_checks as _ifa_checks
-from torchair.ops.attention import ifa_compute as _compute
-from torchair.ops.attention.cpu import launch_library as _library
-from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention import ifa_checks as _ifa_checks, ifa_compute as _compute
+from torchair.ops.attention.cpu import launch_library as _library, native as _decode_native
 from torchair.ops.attention.cpu.launch_fakes import ifa_decode
 from torchair.ops.toolchain import native as _native
 

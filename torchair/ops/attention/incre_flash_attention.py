@@ -36,9 +36,7 @@ from typing import Sequence
 import torch
 
 from torchair.base.registry import define_op, register_value_dependent
-from torchair.ops.attention import common as _common
-from torchair.ops.attention import ifa_compute as _compute
-from torchair.ops.attention import ifa_fast as _fast
+from torchair.ops.attention import common as _common, ifa_compute as _compute, ifa_fast as _fast
 from torchair.ops.attention.cpu import launch_library as _launch_library
 from torchair.ops.attention.ifa_checks import IfaPlan, validate
 

@@ -23,9 +23,11 @@ import torch
 import torch.fx as fx
 
 from torchair.base.sink_meta import sunk_slots
-from torchair.ops.attention import fia_checks as _fia_checks
-from torchair.ops.attention import fused_infer_attention_score_v2 as _v2
-from torchair.ops.attention import ifa_checks as _ifa_checks
+from torchair.ops.attention import (
+    fia_checks as _fia_checks,
+    fused_infer_attention_score_v2 as _v2,
+    ifa_checks as _ifa_checks,
+)
 
 __all__ = ["host_list_checks"]
 

@@ -31,8 +31,7 @@ from __future__ import annotations
 import torch
 
 from torchair.base.registry import define_op
-from torchair.ops.norm import cpu as _norm_cpu
-from torchair.ops.norm import triton as _norm_triton
+from torchair.ops.norm import cpu as _norm_cpu, triton as _norm_triton
 from torchair.ops.norm.cpu import rstd_shape  # the one definition, shared with the kernels
 
 __all__ = ["add_rms_norm_cast_reference", "add_rms_norm_reference", "check_norm_args",

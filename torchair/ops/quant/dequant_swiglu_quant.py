@@ -45,8 +45,7 @@ from __future__ import annotations
 import torch
 
 from torchair.base.registry import define_op
-from torchair.ops.quant import cpu as _quant_cpu
-from torchair.ops.quant import triton as _quant_triton
+from torchair.ops.quant import cpu as _quant_cpu, triton as _quant_triton
 from torchair.ops.quant.plans import SwigluQuantPlan
 
 __all__ = ["SwigluQuantPlan", "check_dequant_swiglu_quant", "dequant_swiglu_quant_reference",

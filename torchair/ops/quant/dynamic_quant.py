@@ -56,8 +56,7 @@ from typing import Sequence
 import torch
 
 from torchair.base.registry import define_op
-from torchair.ops.norm import cpu as _norm_cpu
-from torchair.ops.norm import triton as _norm_triton
+from torchair.ops.norm import cpu as _norm_cpu, triton as _norm_triton
 from torchair.ops.norm.rms_norm import FLOAT_DTYPES, check_norm_args, device_kernel
 
 __all__ = ["add_rms_norm_dynamic_quant_reference", "dynamic_quant_reference",

@@ -50,8 +50,7 @@ from __future__ import annotations
 import torch
 
 from torchair.base.registry import define_op
-from torchair.ops.quant import cpu as _quant_cpu
-from torchair.ops.quant import triton as _quant_triton
+from torchair.ops.quant import cpu as _quant_cpu, triton as _quant_triton
 from torchair.ops.quant.plans import QuantMatmulPlan
 
 __all__ = ["QuantMatmulPlan", "check_quant_matmul", "npu_quant_matmul", "prepare_quant_matmul",

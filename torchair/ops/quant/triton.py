@@ -25,8 +25,15 @@ import math
 import torch
 
 from torchair.ops.quant.plans import QuantMatmulPlan, SwigluQuantPlan
-from torchair.ops.toolchain.triton_utils import HAS_TRITON, interpreted, launch_mode, next_pow2, tl, triton
-from torchair.ops.toolchain.triton_utils import rint as _rint
+from torchair.ops.toolchain.triton_utils import (
+    HAS_TRITON,
+    interpreted,
+    launch_mode,
+    next_pow2,
+    rint as _rint,
+    tl,
+    triton,
+)
 
 __all__ = ["HAS_TRITON", "check_matmul_blocks", "dequant_swiglu_quant_triton", "interpreted",
            "quant_matmul_triton"]

@@ -32,8 +32,7 @@ import torch
 
 from torchair.base.registry import define_op
 from torchair.ops._functionalize import install_functionalization
-from torchair.ops.rope import cpu as _rope_cpu
-from torchair.ops.rope import triton as _rope_triton
+from torchair.ops.rope import cpu as _rope_cpu, triton as _rope_triton
 from torchair.ops.rope.common import check_float, check_mode, check_rope_table, deinterleave, rope_reference
 
 __all__ = ["LAYOUTS", "apply_rotary_pos_emb_reference", "check_apply_rotary_pos_emb",

@@ -57,8 +57,7 @@ import threading
 import time
 from typing import Iterable, Iterator
 
-from torchair.base.files import FILE_MODE, ensure_dir, fsync_dir, read_all
-from torchair.base.files import write_file_atomic as write_private
+from torchair.base.files import FILE_MODE, ensure_dir, fsync_dir, read_all, write_file_atomic as write_private
 from torchair.base.leftovers import sweep_leftovers
 from torchair.base.log import env_switch, logger
 

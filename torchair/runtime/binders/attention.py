@@ -55,13 +55,14 @@ import torch
 import torch.fx as fx
 
 from torchair.base.sink_meta import sunk_slots
-from torchair.ops.attention import fia_checks as _fia_checks
-from torchair.ops.attention import fused_infer_attention_score as _fia
-from torchair.ops.attention import fused_infer_attention_score_v2 as _v2
-from torchair.ops.attention import ifa_checks as _ifa_checks
-from torchair.ops.attention import ifa_compute as _compute
-from torchair.ops.attention.cpu import launch_library as _library
-from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention import (
+    fia_checks as _fia_checks,
+    fused_infer_attention_score as _fia,
+    fused_infer_attention_score_v2 as _v2,
+    ifa_checks as _ifa_checks,
+    ifa_compute as _compute,
+)
+from torchair.ops.attention.cpu import launch_library as _library, native as _decode_native
 from torchair.ops.attention.cpu.launch_fakes import abi, fia_prompt, ifa_decode
 
 __all__ = ["AttentionBinder", "fia_errors"]

@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from torchair.ops.attention import fia_checks as _fia_checks
-from torchair.ops.attention import ifa_checks as _ifa_checks
+from torchair.ops.attention import fia_checks as _fia_checks, ifa_checks as _ifa_checks
 from torchair.ops.attention.cpu import launch_library as _library
 
 __all__ = ["checked", "eager_error", "raise_pending"]

@@ -46,8 +46,7 @@ import torch
 
 from torchair.base import registry as _registry
 from torchair.base.log import logger
-from torchair.ops.attention.cpu import launch_fakes as _fakes
-from torchair.ops.attention.cpu import native as _decode_native
+from torchair.ops.attention.cpu import launch_fakes as _fakes, native as _decode_native
 from torchair.ops.attention.cpu.launch_probe import errors_reach_python
 from torchair.ops.toolchain import native as _native
 

@@ -13,7 +13,7 @@
 // Arguments it does not take (another dtype or device, a head dim that is not a multiple of 16,
 // more than 64 query heads per kv head, K and V with different strides, ...) go through the
 // dispatcher to npu::npu_incre_flash_attention_tensor, so results and errors never differ from
-// the general op. Callers (torchair.ops.attention.cpu.launch) run the general op's shape validation
+// the general op. Callers (torchair.runtime.binders.attention) run the general op's shape validation
 // once, before they use this operator for a signature.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -758,7 +758,7 @@ void torchair_launch_clear(void) {
 int torchair_launch_register(int npu_entry, char *err, int err_size) {
   if (g_def) return 0;
   try {
-    // `abi`: the units' calls pass a number naming the schema (launch.py: _abi; the kernels
+    // `abi`: the units' calls pass a number naming the schema (launch_fakes.py: abi; the kernels
     // ignore it). It makes a unit's graph, and so Inductor's cache key for it, change with the
     // schema: code Inductor compiled and cached for another schema (another argument count)
     // would otherwise be found again and called with the wrong arguments.
