@@ -28,11 +28,11 @@ FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight G
 # nothing: what any torch.compile backend's step costs at least (see DynamoFloor)
 DYNAMO_FLOOR = "floor-gemv+dynamo"
 # variants called through Dynamo (torch.compile): the Dynamo floor is timed when one runs
-THROUGH_DYNAMO = ("inductor", "torchair", "torchair-fx", "torchair-skipguards", "torchair-mm",
-                  "reduce-overhead")
+THROUGH_DYNAMO = ("inductor", "torchair", "torchair-fx", "torchair-skipguards",
+                  "torchair-guardfilter", "torchair-mm", "reduce-overhead")
 
 ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-cache", "torchair-fx",
-                "torchair-skipguards", "torchair-mm", "torchair-nodynamo",
+                "torchair-skipguards", "torchair-guardfilter", "torchair-mm", "torchair-nodynamo",
                 "reduce-overhead")
 CUDA_ONLY, CPU_ONLY = ("reduce-overhead",), ("torchair-mm",)
 
@@ -199,6 +199,14 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
         describe = ("torchair path 4 under torch.compiler.set_stance(skip_guard_eval_unsafe="
                     "True): only the guards that tell cache entries apart (a user's opt-in, "
                     "unsafe if guarded state changes)")
+    elif name == "torchair-guardfilter":
+        compiled = torch.compile(model, backend=_torchair_backend(False), dynamic=True,
+                                 fullgraph=True, options={
+                                     "guard_filter_fn":
+                                     torch.compiler.skip_guard_on_all_nn_modules_unsafe})
+        describe = ("torchair path 4 with guard_filter_fn=skip_guard_on_all_nn_modules_unsafe: "
+                    "no guards on module state (a user's opt-in, unsafe if a module's "
+                    "attributes or parameters change)")
     elif name == "torchair-mm":
         compiled = built_with(torch.compile(model, backend=_torchair_backend(False),
                                              dynamic=True, fullgraph=True),

@@ -28,6 +28,10 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
   entries apart (none, with one entry).
   A user's opt-in, unsafe when anything guarded changes between calls; shows what Dynamo's
   guard evaluation costs per step.
+- ``torchair-guardfilter``: ``torchair`` compiled with ``options={"guard_filter_fn":
+  torch.compiler.skip_guard_on_all_nn_modules_unsafe}``: Dynamo keeps its guards on the
+  arguments and global state and drops those on module state. Also a user's opt-in, unsafe
+  when a module's attributes or parameters change (tests/core/test_guard_knobs.py).
 - ``torchair-mm`` (CPU only): ``torchair`` built with ``TORCHAIR_SMALL_GEMM=0``: its products
   are ATen's ``mm`` instead of ``torchair_native::gemv`` (bound at 4-32 rows), so the kernel's
   share of the step is measured in the same run.
