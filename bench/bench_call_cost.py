@@ -136,9 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     info = _harness.machine_info("cpu")
     _harness.print_machine(info)
-    torch.set_grad_enabled(False)
     model, inputs = CallCost(), _inputs()
-    with tempfile.TemporaryDirectory(prefix="torchair-call-cost-") as cache_dir:
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="torchair-call-cost-") as cache_dir:
         cached = _cached(model, args.engine, cache_dir)
         compiled = torch.compile(model.forward, dynamic=False,
                                  backend=torchair.get_npu_backend(compiler_config=_config(args.engine)))

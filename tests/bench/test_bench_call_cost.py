@@ -13,6 +13,7 @@ from bench import bench_call_cost as bench
 def test_quick_run_times_every_variant_in_both_processes(tmp_path, capsys):
     out = tmp_path / "call_cost.json"
     bench.main(["--quick", "--engine", "fx", "--out", str(out)])
+    assert torch.is_grad_enabled()  # the run leaves the process's grad mode as it found it
     payload = json.loads(out.read_text())
     assert set(payload["cold"]) == {"eager", "torch.compile", "cache_compile", "cache_check",
                                     "floor"}
