@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import time
-import traceback
 from typing import Any
 
 import torch
@@ -112,10 +111,7 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
                 reset_caches(v, init_k, init_v)
                 res["ok_to_time"] = True
             except Exception as exc:  # noqa: BLE001 - record and go on with the other variants
-                res["error"] = f"{type(exc).__name__}: {exc}"
-                res["traceback"] = traceback.format_exc()
-                res["ok_to_time"] = False
-                print(f"  {v.name}: FAILED: {res['error'].splitlines()[0][:300]}", flush=True)
+                H.record_failure(res, v.name, exc)
                 continue
             extra = ""
             for r in res.get("torchair_reports", []):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -165,10 +164,7 @@ def run_e2e_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device
                 _reset(v, init_k, init_v)
                 res["ok_to_time"] = True
             except Exception as exc:  # noqa: BLE001 - record and go on
-                res["error"] = f"{type(exc).__name__}: {exc}"
-                res["traceback"] = traceback.format_exc()
-                res["ok_to_time"] = False
-                print(f"  {v.name}: FAILED: {res['error'].splitlines()[0][:300]}", flush=True)
+                H.record_failure(res, v.name, exc)
                 continue
             pats = ", ".join(f"{PATTERN_KEY[k]} x{n}" for k, n in
                              res.get("patterns", {}).items()) or "none"

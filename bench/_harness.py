@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -236,6 +237,15 @@ def interleaved_rounds(variants: Mapping[str, Callable[[int], Any]],
             if after_round is not None:
                 after_round(name, r)
     return result
+
+
+def record_failure(result: dict[str, Any], name: str, exc: BaseException) -> None:
+    """Record in a variant's ``result`` that it failed (error, traceback, not to be timed) and
+    say so; called from the ``except`` block, so the traceback is the exception's."""
+    result["error"] = f"{type(exc).__name__}: {exc}"
+    result["traceback"] = traceback.format_exc()
+    result["ok_to_time"] = False
+    print(f"  {name}: FAILED: {result['error'].splitlines()[0][:300]}", flush=True)
 
 
 def unique_graphs() -> int:

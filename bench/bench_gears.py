@@ -46,7 +46,6 @@ import dataclasses
 import gc
 import sys
 import time
-import traceback
 from typing import Any, Callable
 
 import torch
@@ -349,10 +348,7 @@ def run(args: argparse.Namespace, cfg: ModelConfig, device: str,
                                atol)
                 res["ok_to_time"] = True
             except Exception as exc:  # noqa: BLE001 - record and go on with the other variants
-                res["error"] = f"{type(exc).__name__}: {exc}"
-                res["traceback"] = traceback.format_exc()
-                res["ok_to_time"] = False
-                print(f"  {v.name}: FAILED: {res['error'].splitlines()[0][:300]}", flush=True)
+                H.record_failure(res, v.name, exc)
                 if v.kind == "eager":
                     raise
                 continue
