@@ -15,6 +15,7 @@ import torch._dynamo
 import torchair
 from torchair.plan.sink import HostScalarProgram, StepRef
 from torchair.runtime import units
+from torchair.runtime.input_layout import InputLayoutError
 from torchair.runtime.staging import SunkScalars
 
 # ------------------------------------------------------------------------ compiled programs
@@ -185,6 +186,13 @@ def test_inductor_unit_fused_call(monkeypatch):
     before = cache._version
     unit(list(args))
     assert cache._version > before
+    # compiled without Inductor's per-input asserts, it checks its inputs itself, and calls the
+    # compiled C++ without the entry's Python
+    assert unit.layout is not None and unit._fast.parts is not None
+    strided = [torch.zeros(64, 4).t() if a is cache else a for a in args]
+    with pytest.raises(InputLayoutError, match=r"launch unit input `.*` is float32\[4, 64\] "
+                                               r"with strides \[1, 4\]"):
+        unit(strided)
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         call([40, 3, 17], 1, cache)

@@ -23,6 +23,7 @@ from torchair.inference.guards import GuardSet, TensorMemo
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
+from torchair.runtime.input_layout import InputLayoutError
 
 
 class _InputCheck:
@@ -83,6 +84,11 @@ class _InputChecks:
         if not why:
             memo.remember(flat)
         return why
+
+    def explain(self, flat: list) -> str:
+        """Why ``flat`` does not fit (the first input that does not), without the memo; ""
+        when every checked input fits."""
+        return self._mismatch(flat)
 
     def _mismatch(self, flat: list) -> str:
         try:
@@ -172,6 +178,11 @@ def _returned_inputs(aot: dict) -> set:
     return {base for kind, base in aot["outputs"] if kind in ("input", "alias_input")}
 
 
+class InputsRefused(Exception):
+    """A call the launch unit refused before running (its message says why): the caller falls
+    back to compiling the call, as for a failed check."""
+
+
 class Runtime:
     """A loaded entry (see the module doc)."""
 
@@ -198,6 +209,8 @@ class Runtime:
         self.aot = meta["aot"]
         self.output = meta["output"]
         self.first_call_context: Callable | None = None
+        # whether the unit checks every input these checks would, itself (known once built)
+        self.unit_checks: bool | None = None
 
     @classmethod
     def load(cls, meta: dict, files: dict, entry: Any) -> Runtime:
@@ -246,9 +259,15 @@ class Runtime:
             return why, []
         if self.wrap.keys:
             self.wrap(flat)
-        why = self.checks.mismatch(flat)
-        if why:
-            return why, []
+        # a static unit with its own input check (torchair.runtime.input_layout) checks the
+        # inputs' layout itself, once; when that check fails, __call__ asks these checks why
+        unit_checks = self.unit_checks
+        if unit_checks is None:
+            unit_checks = self._unit_checks_inputs()
+        if not unit_checks:
+            why = self.checks.mismatch(flat)
+            if why:
+                return why, []
         served = self.served  # read once: another thread may finish the first call meanwhile
         for k, (name, expected) in (self.gears.items() if not served else self.gear_args):
             found = get_dim_gears(flat[k])
@@ -260,16 +279,29 @@ class Runtime:
                         f"gears {expected}"), []
         return "", flat
 
+    def _unit_checks_inputs(self) -> bool:
+        """Whether the launch unit, now built, checks each input :attr:`checks` covers (a
+        static unit with its own :class:`~torchair.runtime.input_layout.InputLayout` that takes
+        all of them): then those checks run only to say why the unit refused a call."""
+        if self.unit_checks is None:
+            if getattr(self.unit, "layout", None) is None:
+                return False  # not built yet, or no layout of its own: ask again next call
+            self.unit_checks = set(self.checks.memo.slots) <= set(self.unit.kept)
+        return self.unit_checks
+
     def __call__(self, flat: list) -> Any:
         targets = flat[self.n_inputs:]
         del flat[self.n_inputs:]
         inputs = list(flat)  # the unit may clear its argument list
-        if self.first_call_context is not None:
-            with self.first_call_context():
+        try:
+            if self.first_call_context is not None:
+                with self.first_call_context():
+                    outputs = self.unit(flat)
+                self.first_call_context = None
+            else:
                 outputs = self.unit(flat)
-            self.first_call_context = None
-        else:
-            outputs = self.unit(flat)
+        except InputLayoutError as error:  # refused before anything ran (another layout)
+            raise InputsRefused(self.checks.explain(inputs) or str(error)) from None
         self.served = True  # a call ran from the entry: later ones need no gear marks
         outputs = graph_outputs(self.aot, outputs, inputs)
         for target, (attr, value) in zip(targets, self.writes):  # after the graph, as Dynamo

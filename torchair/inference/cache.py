@@ -61,7 +61,7 @@ from torchair.inference._cache_payload import (
     stale_reason,
 )
 from torchair.inference._cache_readable import readable_cache
-from torchair.inference._cache_runtime import Runtime
+from torchair.inference._cache_runtime import InputsRefused, Runtime
 from torchair.inference._graph_io import UnserializableGraph
 from torchair.inference.guards import GuardSet, UnsupportedGuard, record as _guards
 
@@ -186,7 +186,10 @@ class CachedFunction:
         if runtime is not None:
             why, flat = runtime.check(self.frame(args, kwargs), self.frame.globals)
             if not why:
-                return runtime(flat)
+                try:
+                    return runtime(flat)
+                except InputsRefused as refused:
+                    why = str(refused)
             self._warn_once(why, f"cache_compile({self.name}): this call does not fit the cached "
                                  f"graph ({why}); compiling it with Dynamo")
             apply_static_marks(args, kwargs)

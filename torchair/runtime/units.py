@@ -26,6 +26,7 @@ from torchair.runtime import capture as _capture, engines as _engines
 from torchair.runtime.binders.attention import AttentionBinder, fia_errors
 from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
+from torchair.runtime.input_layout import InputLayout, plain_tensors
 from torchair.runtime.staging import InputStager, SunkScalars
 
 # the engines that compile with Inductor (which may order independent ops differently from the
@@ -105,6 +106,9 @@ class StaticUnit:
         self.run: Callable[[list], Sequence[Any]] | None = None
         self._fast: Callable[[list], Sequence[Any]] | None = None  # see _fused
         self._host_checks: list = []  # (call node name, check) of the sunk host lists
+        # the unit's own input check when compiled without Inductor's input asserts (see
+        # torchair.runtime.input_layout); None: Inductor's asserts, or no generated code
+        self.layout: InputLayout | None = None
         self._warned_copies = False
         # one call at a time: a call stages its sunk scalars into the unit's one buffer (and a
         # CUDA graph reads and writes its static buffers), so two threads sharing a compiled
@@ -121,6 +125,8 @@ class StaticUnit:
                 unit_args.append(self.sunk.stage(args))
             if self.run is None:
                 return self._build(args, unit_args)
+            if self.layout is not None:
+                self.layout.check(unit_args)
             return self.run(unit_args)
 
     def _build(self, args: list, unit_args: list) -> Sequence[Any]:
@@ -171,7 +177,9 @@ class StaticUnit:
         profiler = torch.autograd.profiler
         labelled = hasattr(profiler, "_is_profiler_enabled")
         pick = operator.itemgetter(*self.kept) if len(self.kept) > 1 else None
-        kept, sunk = self.kept, self.sunk
+        kept, sunk, layout = self.kept, self.sunk, self.layout
+        # without the entry's Python around Inductor's compiled C++ (see cpp_entry_parts)
+        parts = _engines.cpp_entry_parts(entry) if layout is not None else None
         if errors:
             pending, raise_pending = _launch_library.pending(), _launch_errors.raise_pending
             eager_error, take = _launch_errors.eager_error, _launch_library.take
@@ -182,12 +190,16 @@ class StaticUnit:
             unit_args = list(pick(args)) if pick is not None else [args[i] for i in kept]
             if sunk is not None:
                 unit_args.append(sunk.stage(args))
+            if layout is not None:
+                layout.check(unit_args)
             call_args = list(unit_args) if bump else unit_args  # the entry clears its list
             if errors and pending.value:
                 take()  # kept by a call outside any unit run (defer_errors by hand): not ours
             try:
                 if labelled and profiler._is_profiler_enabled:
                     outputs = graph(call_args)
+                elif parts is not None:
+                    outputs = parts[2](parts[1](parts[0](call_args)))
                 else:
                     outputs = entry(call_args)
             except BaseException as exc:
@@ -201,6 +213,7 @@ class StaticUnit:
                 raise_pending(as_fia)
             return outputs
 
+        run.parts = parts  # type: ignore[attr-defined]
         return run
 
     def _engine(self, unit_args: list, what: str) -> Engine:
@@ -233,7 +246,11 @@ class StaticUnit:
                 cpp = (self.capture is None and _device_of(unit_args).type == "cpu"
                        and _engines.cpp_wrapper_enabled() and not collective_nodes(gm)
                        and not tensor_list_custom_ops(gm))
-                engine, self.engine_name = inductor_engine(gm, unit_args, what, cpp_wrapper=cpp)
+                # the unit checks its inputs itself (see torchair.runtime.input_layout)
+                if cpp and plain_tensors(unit_args):
+                    self.layout = InputLayout(what, unit_args, self.names)
+                engine, self.engine_name = inductor_engine(gm, unit_args, what, cpp_wrapper=cpp,
+                                                           size_asserts=self.layout is None)
             else:
                 engine, self.engine_name, self.files = _engines.aot_engine(
                     gm, unit_args, what, directory)

@@ -238,10 +238,17 @@ def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
         body += [f"if not {test}:", "    return None"]
     if memo.slots:
         body.append(f"{w.bind(memo, 'm')}.misses = 0")
-    by_input = {k: key for k, _, key in dict_inputs}
+    by_input = {k: (parent, key) for k, parent, key in dict_inputs}
     if dict_inputs:
+        # one read per module dict (the inputs of one dict share it: the same full check
+        # stored it for each), then one subscript per input
         body.append(f"d = {w.bind(gs, 'g')}.tensor_dicts")
-    flat = [f"d[{w.bind(k)}][{w.bind(by_input[k], 'k')}]" if k in by_input else
+        first: dict[int, int] = {}
+        for k, parent, _ in dict_inputs:
+            if parent not in first:
+                first[parent] = k
+                body.append(f"p{parent} = d[{w.bind(k)}]")
+    flat = [f"p{by_input[k][0]}[{w.bind(by_input[k][1], 'k')}]" if k in by_input else
             f"v{slot}" for k, slot in enumerate(gs.inputs)]
     body.append("return [" + ", ".join(flat) + "]")
     source = ("def per_call(v0, G):\n    try:\n" + "".join(f"        {line}\n" for line in body)
