@@ -14,7 +14,7 @@ import torch._dynamo
 
 import torchair
 from torchair.plan.sink import HostScalarProgram, StepRef
-from torchair.runtime import units
+from torchair.runtime import unit_call, units
 from torchair.runtime.input_layout import InputLayoutError
 from torchair.runtime.staging import SunkScalars
 
@@ -189,6 +189,8 @@ def test_inductor_unit_fused_call(monkeypatch):
     # compiled without Inductor's per-input asserts, it checks its inputs itself, and calls the
     # compiled C++ without the entry's Python
     assert unit.layout is not None and unit._fast.parts is not None
+    # and, where the C++ helper builds, from C++ (torchair.runtime.unit_call)
+    assert (unit._fast.direct is not None) == (unit_call.module() is not None)
     strided = [torch.zeros(64, 4).t() if a is cache else a for a in args]
     with pytest.raises(InputLayoutError, match=r"launch unit input `.*` is float32\[4, 64\] "
                                                r"with strides \[1, 4\]"):

@@ -28,6 +28,7 @@ from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.input_layout import InputLayout, plain_tensors
 from torchair.runtime.staging import InputStager, SunkScalars
+from torchair.runtime.unit_call import NativeEntry
 
 # the engines that compile with Inductor (which may order independent ops differently from the
 # program); every other engine is the FX engine
@@ -147,10 +148,12 @@ class StaticUnit:
             self.run = (_launch_errors.checked(engine, as_fia=as_fia, in_order=in_order)
                         if errors else engine)
             cpu = _device_of(unit_args).type == "cpu"
+            example, outputs = list(unit_args), None
             try:
                 outputs = self.run(unit_args)
             finally:  # also after a first run that raised (a deferred error, say)
-                self._fast = self._fused(engine, errors, as_fia) if cpu else None
+                count = len(outputs) if isinstance(outputs, (list, tuple)) else None
+                self._fast = self._fused(engine, errors, as_fia, example, count) if cpu else None
         else:
             self.run = self._captured(engine, unit_args)
             outputs = self.run(unit_args)
@@ -160,15 +163,19 @@ class StaticUnit:
                     self.report.build_seconds)
         return outputs
 
-    def _fused(self, engine: Engine, errors: bool, as_fia: bool
-               ) -> Callable[[list], Sequence[Any]] | None:
+    def _fused(self, engine: Engine, errors: bool, as_fia: bool, example: list,
+               outputs: int | None) -> Callable[[list], Sequence[Any]] | None:
         """The whole call of a CPU unit whose engine calls Inductor's compiled graph directly,
         as one function: the kept arguments, the sunk scalars, Inductor's generated entry,
         the version bumps and the deferred-error check, with no layer of wrappers between
         them (each layer is Python the step runs with cold caches: the weights it streams
         evict them). Built after the first run (Inductor's own first-call bookkeeping has
         run); under the profiler the compiled graph is called as before, to keep its label.
-        None for any other engine (it keeps the layered call)."""
+        A unit with its own input check calls Inductor's compiled C++ from C++
+        (:class:`~torchair.runtime.unit_call.NativeEntry`, with ``example``, the first call's
+        arguments, and the ``outputs`` count of its result) or, without that helper, without the
+        entry's Python (:func:`~torchair.runtime.engines.cpp_entry_parts`). None for any other
+        engine (it keeps the layered call)."""
         found = _engines.compiled_entry(engine)
         if found is None:
             return None
@@ -180,6 +187,8 @@ class StaticUnit:
         kept, sunk, layout = self.kept, self.sunk, self.layout
         # without the entry's Python around Inductor's compiled C++ (see cpp_entry_parts)
         parts = _engines.cpp_entry_parts(entry) if layout is not None else None
+        direct = (NativeEntry.of(parts[1], example, outputs, parts[2])
+                  if parts is not None and outputs is not None else None)
         if errors:
             pending, raise_pending = _launch_library.pending(), _launch_errors.raise_pending
             eager_error, take = _launch_errors.eager_error, _launch_library.take
@@ -190,14 +199,20 @@ class StaticUnit:
             unit_args = list(pick(args)) if pick is not None else [args[i] for i in kept]
             if sunk is not None:
                 unit_args.append(sunk.stage(args))
-            if layout is not None:
+            profiling = labelled and profiler._is_profiler_enabled
+            if layout is not None and (direct is None or profiling):
                 layout.check(unit_args)
             call_args = list(unit_args) if bump else unit_args  # the entry clears its list
             if errors and pending.value:
                 take()  # kept by a call outside any unit run (defer_errors by hand): not ours
             try:
-                if labelled and profiler._is_profiler_enabled:
+                if profiling:
                     outputs = graph(call_args)
+                elif direct is not None:
+                    outputs = direct(call_args)
+                    if outputs is None:  # an input the C++ check refused: the layout says which
+                        layout.check(call_args)
+                        outputs = parts[2](parts[1](parts[0](call_args)))
                 elif parts is not None:
                     outputs = parts[2](parts[1](parts[0](call_args)))
                 else:
@@ -213,7 +228,7 @@ class StaticUnit:
                 raise_pending(as_fia)
             return outputs
 
-        run.parts = parts  # type: ignore[attr-defined]
+        run.parts, run.direct = parts, direct  # type: ignore[attr-defined]
         return run
 
     def _engine(self, unit_args: list, what: str) -> Engine:

@@ -53,6 +53,7 @@ import re
 import secrets
 import stat
 import subprocess
+import sysconfig
 import threading
 import time
 from typing import Iterable, Iterator
@@ -78,6 +79,9 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fope
 # the pragmas are ignored and the loops run on one thread
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fopenmp", "-fPIC", "-shared")
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
+# what marks a C++ source as a Python extension module (built with this Python's headers, loaded
+# with importlib after ``load``; see torchair.runtime.unit_call)
+_PYTHON_EXTENSION = b"#include <Python.h>"
 _RECORD_FORMAT = "torchair.native_kernel"
 _RECORD_VERSION = 1
 _lock = threading.Lock()
@@ -237,9 +241,12 @@ def _command_flags(source: pathlib.Path) -> tuple[str, ...]:
 
     root = pathlib.Path(torch.__file__).resolve().parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return (*CXX_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCHAIR_TORCH={torch.__version__}",
-            f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-            f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}")
+    flags = (*CXX_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-DTORCHAIR_TORCH={torch.__version__}",
+             f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+             f"-L{root / 'lib'}", f"-Wl,-rpath,{root / 'lib'}")
+    if _PYTHON_EXTENSION in source.read_bytes():  # a Python extension module: this Python's headers
+        flags += (f"-I{sysconfig.get_paths()['include']}",)
+    return flags
 
 
 def _libraries_flags(source: pathlib.Path) -> tuple[str, ...]:
