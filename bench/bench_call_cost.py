@@ -12,6 +12,8 @@ rounds (``_harness``), all under ``torch.no_grad()`` (how a server calls a step)
   first call in this (cold) process;
 * ``cache_check``: that cached function's own check alone (the guards and input checks it runs
   before the launch unit);
+* ``unit``: its launch unit alone, called with the inputs that check returned (the unit's own
+  input check, then Inductor's compiled entry);
 * ``floor``: one ATen add of two 4-element tensors (a dispatcher call: the least any kernel
   launch costs from Python).
 
@@ -73,13 +75,18 @@ def _cached(model: CallCost, engine: str, cache_dir: str) -> Callable:
                                             cache_dir=cache_dir)
 
 
-def _check_only(cached: Any, args: tuple) -> Callable[[int], Any] | None:
-    """The cached function's check alone, when the function exposes its runtime (it does once a
-    call was served from the entry)."""
+def _parts(cached: Any, args: tuple) -> dict[str, Callable[[int], Any]]:
+    """The cached function's check alone and its launch unit alone, when the function exposes
+    its runtime (it does once a call was served from the entry)."""
     runtime, frame = getattr(cached, "runtime", None), getattr(cached, "frame", None)
     if runtime is None or frame is None:
-        return None
-    return lambda _: runtime.check(frame(args, {}), frame.globals)
+        return {}
+    why, flat = runtime.check(frame(args, {}), frame.globals)
+    if why:
+        return {}
+    unit = runtime.unit
+    return {"cache_check": lambda _: runtime.check(frame(args, {}), frame.globals),
+            "unit": lambda _: unit(list(flat))}
 
 
 def _time(variants: dict, rounds: int, steps: int) -> dict[str, dict]:
@@ -94,9 +101,7 @@ def _variants(model: CallCost, cached: Callable, args: tuple) -> dict[str, Calla
     x, y = args
     out = {"eager": lambda _: model(x, y), "cache_compile": lambda _: cached(x, y),
            "floor": lambda _: torch.add(x, y)}
-    check = _check_only(cached, args)
-    if check is not None:
-        out["cache_check"] = check
+    out.update(_parts(cached, args))
     return out
 
 
@@ -160,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         if not warm["served_from_entry"]:
             print(f"WARNING: the warm process did not load the cache entry:\n"
                   f"{done.stderr[-2000:]}")
-    names = ["eager", "torch.compile", "cache_compile", "cache_check", "floor"]
+    names = ["eager", "torch.compile", "cache_compile", "cache_check", "unit", "floor"]
     rows = [[name, *(round(s[name]["median"], 1) if name in s else None
                      for s in (cold, warm["stats"]))] for name in names]
     headers = ["variant", "cold process us/call", "warm process us/call"]

@@ -16,8 +16,8 @@ def test_quick_run_times_every_variant_in_both_processes(tmp_path, capsys):
     assert torch.is_grad_enabled()  # the run leaves the process's grad mode as it found it
     payload = json.loads(out.read_text())
     assert set(payload["cold"]) == {"eager", "torch.compile", "cache_compile", "cache_check",
-                                    "floor"}
-    assert set(payload["warm"]) == {"eager", "cache_compile", "cache_check", "floor"}
+                                    "unit", "floor"}
+    assert set(payload["warm"]) == {"eager", "cache_compile", "cache_check", "unit", "floor"}
     for stats in (*payload["cold"].values(), *payload["warm"].values()):
         assert stats["median"] > 0
     assert payload["warm_served_from_entry"], capsys.readouterr().out

@@ -178,6 +178,10 @@ def _returned_inputs(aot: dict) -> set:
     return {base for kind, base in aot["outputs"] if kind in ("input", "alias_input")}
 
 
+# graph output kinds that graph_outputs rebuilds from an input or another output
+_ALIAS_KINDS = ("input", "alias_input", "alias_intermediate", "alias_user")
+
+
 class InputsRefused(Exception):
     """A call the launch unit refused before running (its message says why): the caller falls
     back to compiling the call, as for a failed check."""
@@ -211,6 +215,12 @@ class Runtime:
         self.first_call_context: Callable | None = None
         # whether the unit checks every input these checks would, itself (known once built)
         self.unit_checks: bool | None = None
+        # k when the call returns the unit's output k itself (no alias to rebuild, no attribute
+        # to set after the graph): the common serving step, without the general output replay
+        out = self.output
+        self.plain_output: int | None = (
+            out["out"] if type(out) is dict and list(out) == ["out"] and not self.writes
+            and all(kind not in _ALIAS_KINDS for kind, _ in self.aot["outputs"]) else None)
 
     @classmethod
     def load(cls, meta: dict, files: dict, entry: Any) -> Runtime:
@@ -303,6 +313,8 @@ class Runtime:
         except InputLayoutError as error:  # refused before anything ran (another layout)
             raise InputsRefused(self.checks.explain(inputs) or str(error)) from None
         self.served = True  # a call ran from the entry: later ones need no gear marks
+        if self.plain_output is not None:  # one unit output, returned as it is
+            return outputs[self.plain_output]
         outputs = graph_outputs(self.aot, outputs, inputs)
         for target, (attr, value) in zip(targets, self.writes):  # after the graph, as Dynamo
             # a tensor stored on a module is a graph output or input ({"out": k} / {"in": j})
