@@ -34,7 +34,7 @@ import torch
 from torchair.inference.guards.grammar import FUNCTIONS, METHODS, is_source
 from torchair.inference.guards.objects import ObjIs, TypeIs
 from torchair.inference.guards.sources import Globals, Sources
-from torchair.inference.guards.tensors import TensorMemo
+from torchair.inference.guards.tensors import DISPATCH_TLS, TensorMemo
 
 __all__ = ["ENV_CODEGEN", "NotGenerated", "PerCallChecks", "per_call_program"]
 
@@ -51,7 +51,7 @@ class PerCallChecks(Protocol):
     ``sources`` and the graph inputs' slots (``inputs``); ``per_call``, the tuple
     ``(guards, source steps, dict inputs)``; ``memo``, the per-call tensor guards' memo;
     ``untensored``, the per-call guards it does not imply (each with ``code``, ``type_of``,
-    ``obj``); ``tensor_dicts``, read by the generated function on every call (graph input ->
+    ``obj`` and, when known, ``read``: the source slots it reads); ``tensor_dicts``, read by the generated function on every call (graph input ->
     its module's parameter or buffer dict, replaced by each full check)."""
 
     sources: Sources
@@ -223,8 +223,14 @@ def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
     w = _Writer(gs)
     body = [f"v1 = G if {w.bind(type)}(G) is {w.bind(Globals)} else "
             f"{w.bind(Globals)}(G)"]
-    body += [w.step(k) for k in steps]
     memo = gs.memo
+    # the thread's dispatch-key sets are read for the TENSOR_MATCH guards, which the memo's C++
+    # comparison replaces here (it reads them itself): skip that read unless another guard uses
+    # it (it cannot fail, so skipping it changes no outcome)
+    reads = [getattr(g, "read", None) for g in gs.untensored]  # (None: not known, keep it)
+    read = set().union(*reads) if None not in reads else None
+    body += [w.step(k) for k in steps
+             if read is None or gs.sources.roots[k + 2] != DISPATCH_TLS or k + 2 in read]
     tests = []
     if memo.slots:
         args = ", ".join(f"v{slot}" for slot in memo.slots)
