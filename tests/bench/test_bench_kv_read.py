@@ -25,4 +25,5 @@ def test_quick_run_saves_the_ratio(tmp_path, capsys):
     assert payload["bytes_per_step"]["kv-b8"] == 2 * 8 * 40 * 2 * 64 * 4  # the --quick window
     assert all(s["median"] > 0 for s in payload["us_per_step"].values())
     assert {"cpu_model", "nproc", "load_average_at_start"} <= set(payload["machine"])
+    assert payload["ratio_p10"] > 0
     assert "K/V read speed" in capsys.readouterr().out
