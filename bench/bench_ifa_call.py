@@ -50,7 +50,7 @@ def _variants(args) -> dict:
 
     fn = _decode_native.kernel()
     group, rows = n // nkv, b * nkv
-    threads, splits = _decode_native.work_split(rows, length)
+    threads, splits = _decode_native.work_split(b, nkv, length)
     out, out_l = torch.empty(rows, group, d), torch.empty(rows, group)
     scratch = torch.empty(rows * splits * group * (d + 2))
     lo, hi = (ctypes.c_int64 * b)(), (ctypes.c_int64 * b)(*lengths)

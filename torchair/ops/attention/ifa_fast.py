@@ -214,8 +214,7 @@ def call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     window = max(ends)
     if window <= 0:  # nothing attended anywhere: zeros, as the general path
         return query.new_zeros(query.shape)
-    rows = bound.batch * bound.nkv
-    threads, splits = _decode_native.work_split(rows, window)
+    threads, splits = _decode_native.work_split(bound.batch, bound.nkv, window)
     qf = query if bound.q_direct else query.detach().float().contiguous()
     table = None
     if block_table is not None:

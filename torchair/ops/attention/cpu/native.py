@@ -3,8 +3,9 @@
 ``toolchain/csrc/decode_attention.c`` (built by :mod:`torchair.ops.toolchain.native`) streams every
 K and V row of each (batch, kv head) window once, with register tiles for the ``G`` query heads that
 share it, an online softmax in float32 and K/V converted from float32 / bfloat16 / float16 / int8 in
-registers; work items (row, split of the window) run on ``torch.get_num_threads()`` OpenMP
-threads (PyTorch's own pool in a PyTorch process).
+registers; work items (sequence, split of its window: all its kv heads, so that the K/V rows of a
+position are read together) run on ``torch.get_num_threads()`` OpenMP threads (PyTorch's own pool
+in a PyTorch process).
 :func:`decode` returns ``None`` when the kernel does not take the arguments (library not
 available, head dim not a multiple of 16, more than 64 query heads per kv head, K and V of
 different dtypes or strides, a strided head dim); the caller then uses its PyTorch path.
@@ -24,8 +25,8 @@ __all__ = ["KINDS", "MAX_D", "MAX_G", "MIN_SPLIT", "available", "decode",
 
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}  # K/V dtypes
 MAX_G, MAX_D = 64, 512  # query heads per kv head, head dim
-MIN_SPLIT = 512            # fewest positions in one split of a row's window
-_SERIAL_WORK = 1024         # rows x positions under which one thread is used
+MIN_SPLIT = 128            # fewest positions in one split of a sequence's window
+_SERIAL_WORK = 1024        # rows x positions under which one thread is used
 
 
 # every function of the library called here: a library lacking one is rebuilt or refused by load
@@ -105,7 +106,7 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
     bias = score_bias.reshape(rows, group).contiguous() if score_bias is not None else None
 
     window = int((hi - lo).clamp_min(0).max())
-    threads, splits = work_split(rows, window)
+    threads, splits = work_split(batch, nkv, window)
     block_size = k_cache.shape[2] if table is not None else 1
     out, out_l, rc, err = run(fn, qf.data_ptr(), _ptr(bias), k_cache, v_cache, kind, _ptr(table),
                               False, table.shape[1] if table is not None else 0, block_size,
@@ -120,14 +121,20 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
     return out, out_l
 
 
-def work_split(rows: int, window: int) -> tuple[int, int]:
-    """(threads, splits per row) for ``rows`` rows of at most ``window`` positions."""
+def work_split(batch: int, nkv: int, window: int) -> tuple[int, int]:
+    """(threads, splits per sequence) for ``batch`` sequences of ``nkv`` kv heads and at most
+    ``window`` positions. A work item is one split of one sequence's window, all its kv heads
+    (their K/V rows are adjacent in BSH); windows are split when there are fewer than four items
+    per thread, into splits of at least ``MIN_SPLIT`` positions and so that every thread gets as
+    many items."""
     threads = max(1, torch.get_num_threads())
-    if rows * window < _SERIAL_WORK:
+    if batch * nkv * window < _SERIAL_WORK:
         threads = 1
     splits = 1
-    if rows < 2 * threads:  # split long windows so every thread has work
-        splits = max(1, min(-(-2 * threads // rows), window // MIN_SPLIT))
+    if threads > 1 and batch < 4 * threads:
+        splits = max(1, min(-(-4 * threads // batch), window // MIN_SPLIT))
+        while splits > 1 and (batch * splits) % threads:
+            splits -= 1
     return threads, splits
 
 

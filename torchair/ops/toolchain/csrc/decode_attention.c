@@ -8,15 +8,22 @@
  * Per row r = b * nkv + h (b-major) the G query heads of kv head h read each K and V row once:
  *   scores  S[g][n] = q[g] . k[n]            2 positions x 8 heads register tile, fp32 FMAs,
  *                                            one transposing tree reduction per tile
- *   softmax          running max / sum per head over chunks of CH positions (float32)
+ *   softmax          running max / sum per head over chunks of positions (float32)
  *   output  acc[g]  += p[g][n] * v[n]         8 heads x 32 dims register tile
- * Work items are (row, split of the window) pairs run on nthreads OpenMP threads; splits of one row
- * are merged with their maxima at the end. K/V elements are float32, bfloat16, float16 or int8
- * (converted to float32 in registers). Positions are addressed densely (base + b*sb + h*sh +
- * p*sp) or through a block table (base + table[b][p/bs]*sblk + h*sh + (p%bs)*sp); the head
- * dimension must be contiguous and a multiple of 16.
+ * Work items are (sequence b, split of its window) pairs run on nthreads OpenMP threads; an item
+ * computes every kv head of b, chunk by chunk: the scores of all heads tile by tile (K read
+ * position by position, all heads of a position together: in BSH / BSND one contiguous run,
+ * where one item per (b, h) read 256 of every 512 bytes at batch 8, 8/2 heads, D 64), then each
+ * head's softmax and output. Splits of one row are merged with their maxima at the end; results
+ * depend on the shapes and the number of splits only, never on the thread that ran an item.
+ * K/V elements are float32, bfloat16, float16 or int8 (converted to float32 in registers).
+ * Positions are addressed densely (base + b*sb + h*sh + p*sp) or through a block table
+ * (base + table[b][p/bs]*sblk + h*sh + (p%bs)*sp); the head dimension must be contiguous and a
+ * multiple of 16.
  */
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <float.h>
 
@@ -137,54 +144,71 @@ typedef struct {
     int64_t mask_stride;
     int rows, nkv, G, D, splits;
     float *part_m, *part_l, *part_acc; /* [rows * splits, G (, D)] partial results */
+    int cw, sw;              /* positions per chunk; floats per row of scores (cw rounded to 16) */
 } args_t;
 
-static inline const char *row_ptr(const args_t *a, const char *base, int b, int h, int64_t p) {
+/* Byte offset of sequence b's position p, kv head 0, from the K (or V: same strides) base. */
+static inline int64_t row_off(const args_t *a, int b, int64_t p) {
     int64_t off;
     if (a->table || a->table32) {
         int64_t at = b * a->table_stride + p / a->block_size;
         int64_t blk = a->table32 ? a->table32[at] : a->table[at];
-        off = blk * a->sb + h * a->sh + (p % a->block_size) * a->sp;
+        off = blk * a->sb + (p % a->block_size) * a->sp;
     } else {
-        off = b * a->sb + h * a->sh + p * a->sp;
+        off = b * a->sb + p * a->sp;
     }
-    return base + off * a->esize;
+    return off * a->esize;
+}
+
+/* prefetch the K or V rows of `heads` kv heads at p (kv head h's row is p + h * sh elements) */
+static inline void prefetch_heads(const args_t *a, const char *p, int heads) {
+    const int row_bytes = a->D * a->esize;
+    const int64_t hs = a->sh * a->esize;
+    for (int hh = 0; hh < heads; hh++, p += hs)
+        for (int o = 0; o < row_bytes; o += 64) __builtin_prefetch(p + o);
 }
 
 /* Only positions of a row's window [lo, hi) are ever addressed. Positions the mask drops are
  * read by qk (their scores are then replaced by -FLT_MAX before the max, so NaN/inf K there
  * never reaches the softmax) but never by pv (their V rows are skipped).
  *
- * Shared by the qk tile definitions below (macros: they expand inside them, with NB and GB
- * compile-time constants of each instantiation).
- * TILE_ROWS: the K rows of positions c0 + n .. c0 + n + NB - 1 (past w: position n again,
- * harmless), prefetches of their V rows (read by pv after the chunk's scores) and of the K rows
- * KAHEAD positions ahead. STORE_SCORES: the tile's reduced scores (lane i * GB + j: position
- * n + i, head g0 + j) into S[g][n]. */
+ * A chunk's rows are addressed as base + off[n] + h * sh * esize: off[n] is the chunk's position
+ * n, kv head 0 (row_off, computed once per chunk). qk computes the scores of all kv heads tile
+ * by tile, so that K is read position by position, every kv head of a position together (one
+ * contiguous run in BSH / BSND), and S holds all heads' scores: S[h * G + g][n], rows of sw
+ * floats. Shared by the qk tile definitions below (macros: they expand inside them, with NB and
+ * GB compile-time constants of each instantiation).
+ * TILE_ROWS: the K rows of kv head 0 at positions n .. n + NB - 1 (past w: position n again,
+ * harmless), prefetches of all heads' V rows at those positions (read by pv after the chunk's
+ * scores) and of all heads' K rows KAHEAD positions ahead.
+ * STORE_SCORES: the tile's reduced scores (lane i * GB + j: position n + i, head g0 + j) into
+ * Sh[g][n]. */
 #define TILE_ROWS(kr)                                                                             \
-    const int row_bytes = a->D * a->esize;                                                        \
-    for (int i = 0; i < NB; i++) kr[i] = row_ptr(a, a->k, b, h, c0 + (n + i < w ? n + i : n));   \
-    for (int i = 0; i < NB && n + i < w; i++)                                                     \
-        for (int o = 0; o < row_bytes; o += 64)                                                   \
-            __builtin_prefetch(row_ptr(a, a->v, b, h, c0 + n + i) + o);                           \
+    for (int i = 0; i < NB; i++) kr[i] = a->k + off[n + i < w ? n + i : n];                       \
+    for (int i = 0; i < NB && n + i < w; i++) prefetch_heads(a, a->v + off[n + i], a->nkv);       \
     for (int i = n + KAHEAD; i < n + KAHEAD + NB && i < w; i++)                                   \
-        for (int o = 0; o < row_bytes; o += 64)                                                   \
-            __builtin_prefetch(row_ptr(a, a->k, b, h, c0 + i) + o);
+        prefetch_heads(a, a->k + off[i], a->nkv);
 #define STORE_SCORES(s, GB)                                                                       \
     for (int i = 0; i < NB && n + i < w; i++)                                                     \
-        for (int j = 0; j < GB; j++) S[(g0 + j) * CH + n + i] = s[i * GB + j];
+        for (int j = 0; j < GB; j++) Sh[(int64_t)(g0 + j) * sw + n + i] = s[i * GB + j];
 
 /* Register tiles, instantiated per K/V element kind (LOAD) and head-group width GB (1, 2, 4, 8):
  *   qk: NB = 16 / GB positions x GB heads, 16 accumulators over d, one reduce16 per tile;
  *   pv: GB heads x DT = min(16 / GB, D / 16) vectors of d, 16 accumulators over positions. */
 #define DEFINE_TILES(NAME, LOAD, GB)                                                              \
-static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int64_t c0, int w,   \
-                             int g0, float *S) {                                                  \
+static void qk_##NAME##_##GB(const args_t *a, const float *qs, const int64_t *off, int w,         \
+                             float *S, int sw) {                                                  \
     enum { NB = VW / GB };                                                                        \
-    const int D = a->D;                                                                           \
+    const int D = a->D, G = a->G;                                                                 \
+    const int64_t hs = a->sh * a->esize;                                                          \
     for (int n = 0; n < w; n += NB) {                                                             \
+        const char *k0[NB];                                                                       \
+        TILE_ROWS(k0)                                                                             \
+        for (int h = 0; h < a->nkv; h++) for (int g0 = 0; g0 < G; g0 += GB) {                     \
+        const float *q = qs + (int64_t)h * G * D;                                                 \
+        float *Sh = S + (int64_t)h * G * sw;                                                      \
         const char *kr[NB];                                                                       \
-        TILE_ROWS(kr)                                                                             \
+        for (int i = 0; i < NB; i++) kr[i] = k0[i] + h * hs;                                      \
         v16 acc[VW];                                                                              \
         for (int j = 0; j < VW; j++) acc[j] = (v16){0};                                           \
         for (int d = 0; d < D; d += VW) {                                                         \
@@ -197,10 +221,11 @@ static void qk_##NAME##_##GB(const args_t *a, const float *q, int b, int h, int6
         }                                                                                         \
         v16 s = reduce16(acc);                                                                    \
         STORE_SCORES(s, GB)                                                                       \
+        }                                                                                         \
     }                                                                                             \
 }                                                                                                 \
-static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, int g0,           \
-                             const float *S, const uint8_t *drop, float *acc) {                   \
+static void pv_##NAME##_##GB(const args_t *a, const char *vb, const int64_t *off, int w, int g0,  \
+                             const float *S, int sw, const uint8_t *drop, float *acc) {           \
     enum { DT = VW / GB > 1 ? VW / GB : 1 };                                                      \
     const int D = a->D;                                                                           \
     for (int d0 = 0; d0 < D; d0 += VW * DT) {                                                     \
@@ -210,21 +235,21 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
         if (nd == DT) {                                                                           \
             for (int n = 0; n < w; n++) {                                                         \
                 if (drop && drop[n]) continue;                                                    \
-                const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
+                const char *vr = vb + off[n];                                                     \
                 v16 x[DT];                                                                        \
                 for (int t = 0; t < DT; t++) x[t] = LOAD(vr, d0 + VW * t);                        \
                 for (int j = 0; j < GB; j++) {                                                    \
-                    float p = S[(g0 + j) * CH + n];                                               \
+                    float p = S[(int64_t)(g0 + j) * sw + n];                                      \
                     for (int t = 0; t < DT; t++) r[j][t] += p * x[t];                             \
                 }                                                                                 \
             }                                                                                     \
         } else {                                                                                  \
             for (int n = 0; n < w; n++) {                                                         \
                 if (drop && drop[n]) continue;                                                    \
-                const char *vr = row_ptr(a, a->v, b, h, c0 + n);                                  \
+                const char *vr = vb + off[n];                                                     \
                 for (int t = 0; t < nd; t++) {                                                    \
                     v16 x = LOAD(vr, d0 + VW * t);                                                \
-                    for (int j = 0; j < GB; j++) r[j][t] += S[(g0 + j) * CH + n] * x;             \
+                    for (int j = 0; j < GB; j++) r[j][t] += S[(int64_t)(g0 + j) * sw + n] * x;    \
                 }                                                                                 \
             }                                                                                     \
         }                                                                                         \
@@ -238,7 +263,7 @@ static void pv_##NAME##_##GB(const args_t *a, int b, int h, int64_t c0, int w, i
 #define LOAD_BF16(p, d) load_bf16((p) + 2 * (d))
 #define LOAD_F16(p, d) load_f16((p) + 2 * (d))
 #define LOAD_I8(p, d) load_i8((p) + (d))
-#define DEFINE_KIND(NAME, LOAD)                                                                  \
+#define DEFINE_KIND(NAME, LOAD)                                                                   \
     DEFINE_TILES(NAME, LOAD, 1) DEFINE_TILES(NAME, LOAD, 2)                                       \
     DEFINE_TILES(NAME, LOAD, 4) DEFINE_TILES(NAME, LOAD, 8)
 DEFINE_KIND(f32, LOAD_F32)
@@ -246,8 +271,8 @@ DEFINE_KIND(bf16, LOAD_BF16)
 DEFINE_KIND(f16, LOAD_F16)
 DEFINE_KIND(i8, LOAD_I8)
 
-typedef void (*qk_fn)(const args_t *, const float *, int, int, int64_t, int, int, float *);
-typedef void (*pv_fn)(const args_t *, int, int, int64_t, int, int, const float *,
+typedef void (*qk_fn)(const args_t *, const float *, const int64_t *, int, float *, int);
+typedef void (*pv_fn)(const args_t *, const char *, const int64_t *, int, int, const float *, int,
                       const uint8_t *, float *);
 static const qk_fn QK[4][4] = {{qk_f32_1, qk_f32_2, qk_f32_4, qk_f32_8},
                                {qk_bf16_1, qk_bf16_2, qk_bf16_4, qk_bf16_8},
@@ -265,13 +290,19 @@ static const pv_fn PV[4][4] = {{pv_f32_1, pv_f32_2, pv_f32_4, pv_f32_8},
  * scores equal the fp32 FMA path's up to summation order, at half the instructions and with no
  * conversion of K. Same tile as qk_*, 32 elements of d per step (D % 32 == 0). */
 #define DEFINE_QK_DOT(GB)                                                                         \
-static void qkdot_bf16_##GB(const args_t *a, const uint16_t *qb, int b, int h, int64_t c0, int w, \
-                            int g0, float *S) {                                                   \
+static void qkdot_bf16_##GB(const args_t *a, const uint16_t *qbs, const int64_t *off, int w,      \
+                            float *S, int sw) {                                                   \
     enum { NB = 16 / GB };                                                                        \
-    const int D = a->D;                                                                           \
+    const int D = a->D, G = a->G;                                                                 \
+    const int64_t hs = a->sh * a->esize;                                                          \
     for (int n = 0; n < w; n += NB) {                                                             \
+        const char *k0[NB];                                                                       \
+        TILE_ROWS(k0)                                                                             \
+        for (int h = 0; h < a->nkv; h++) for (int g0 = 0; g0 < G; g0 += GB) {                     \
+        const uint16_t *qb = qbs + (int64_t)h * G * D;                                            \
+        float *Sh = S + (int64_t)h * G * sw;                                                      \
         const char *kr[NB];                                                                       \
-        TILE_ROWS(kr)                                                                             \
+        for (int i = 0; i < NB; i++) kr[i] = k0[i] + h * hs;                                      \
         v16 acc[16];                                                                              \
         for (int j = 0; j < 16; j++) acc[j] = (v16){0};                                           \
         for (int d = 0; d < D; d += 32) {                                                         \
@@ -285,10 +316,11 @@ static void qkdot_bf16_##GB(const args_t *a, const uint16_t *qb, int b, int h, i
         }                                                                                         \
         v16 s = reduce16(acc);                                                                    \
         STORE_SCORES(s, GB)                                                                       \
+        }                                                                                         \
     }                                                                                             \
 }
 DEFINE_QK_DOT(1) DEFINE_QK_DOT(2) DEFINE_QK_DOT(4) DEFINE_QK_DOT(8)
-typedef void (*qkdot_fn)(const args_t *, const uint16_t *, int, int, int64_t, int, int, float *);
+typedef void (*qkdot_fn)(const args_t *, const uint16_t *, const int64_t *, int, float *, int);
 static const qkdot_fn QKDOT[4] = {qkdot_bf16_1, qkdot_bf16_2, qkdot_bf16_4, qkdot_bf16_8};
 #else
 #define HAVE_BF16_DOT 0
@@ -297,80 +329,96 @@ static const qkdot_fn QKDOT[4] = {qkdot_bf16_1, qkdot_bf16_2, qkdot_bf16_4, qkdo
 /* 1 when this build has the bf16 dot-product path (the CPU has AVX512-BF16). */
 int torchair_decode_attention_bf16_dot(void) { return HAVE_BF16_DOT; }
 
-/* one work item: row r, positions [p0, p1) -> running max m[G], sum l[G], acc[G][D] */
-static void attend(const args_t *a, int r, int64_t p0, int64_t p1, float *m, float *l, float *acc) {
-    const int G = a->G, D = a->D, b = r / a->nkv, h = r % a->nkv;
-    const float *q = a->q + (int64_t)r * G * D;
-    float S[MAX_G * CH] __attribute__((aligned(64)));
+/* Positions per chunk of a work item: the chunk's K and V rows of all kv heads (prefetched
+ * position by position by qk) stay in L2 until pv has read the last head's V rows. */
+#ifndef CHUNK_BYTES
+#define CHUNK_BYTES (192 * 1024)
+#endif
+
+/* one work item: sequence b, split s = positions [p0, p1), every kv head h of b, chunk by chunk:
+ * row r = b * nkv + h -> running max m[G], sum l[G], acc[G][D] of partial result r * splits + s
+ * (already initialized). `work`: this thread's scratch, the scores [nkv * G][sw] then the query
+ * as bf16 [nkv * G * D] (bf16 dot products only). */
+static void attend(const args_t *a, int b, int s, int64_t p0, int64_t p1, float *work) {
+    const int G = a->G, D = a->D, nkv = a->nkv, cw = a->cw, sw = a->sw;
+    float *S = work;
+    int64_t off[CH];
     const int wi = G % 8 == 0 ? 3 : G % 4 == 0 ? 2 : G % 2 == 0 ? 1 : 0, GB = 1 << wi;
     const qk_fn qk = QK[a->kind][wi];
     const pv_fn pv = PV[a->kind][wi];
+    const float *qs = a->q + (int64_t)b * nkv * G * D;  /* the query rows of b's kv heads */
 #if HAVE_BF16_DOT
-    uint16_t qb[MAX_G * MAX_D] __attribute__((aligned(64)));
+    uint16_t *qb = (uint16_t *)(work + (int64_t)nkv * G * sw);
     const int use_dot = a->bf16_dot && a->kind == KIND_BF16 && D % 32 == 0;
     if (use_dot)  /* the query's bf16 values: the top half of their float32 bits, exactly */
-        for (int i = 0; i < G * D; i++) {
+        for (int64_t i = 0; i < (int64_t)nkv * G * D; i++) {
             uint32_t u;
-            memcpy(&u, q + i, 4);
+            memcpy(&u, qs + i, 4);
             qb[i] = (uint16_t)(u >> 16);
         }
 #endif
-    for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; }
-    memset(acc, 0, sizeof(float) * G * D);
-    for (int64_t c0 = p0; c0 < p1; c0 += CH) {
-        int w = (int)(p1 - c0 < CH ? p1 - c0 : CH);
+    for (int64_t c0 = p0; c0 < p1; c0 += cw) {
+        const int w = (int)(p1 - c0 < cw ? p1 - c0 : cw);
         const uint8_t *drop = a->mask ? a->mask + b * a->mask_stride + c0 : NULL;
         int kept = w;
         if (drop) { kept = 0; for (int n = 0; n < w; n++) kept += !drop[n]; }
         if (!kept) continue;
+        for (int n = 0; n < w; n++) off[n] = row_off(a, b, c0 + n);
 #if HAVE_BF16_DOT
         if (use_dot)
-            for (int g0 = 0; g0 < G; g0 += GB) QKDOT[wi](a, qb, b, h, c0, w, g0, S);
+            QKDOT[wi](a, qb, off, w, S, sw);
         else
 #endif
-            for (int g0 = 0; g0 < G; g0 += GB) qk(a, q, b, h, c0, w, g0, S);
-        int wp = (w + 15) & ~15;
-        for (int g = 0; g < G; g++) {
-            float *s = S + g * CH;
-            float bias = a->bias ? a->bias[(int64_t)r * G + g] : 0.0f;
-            for (int n = 0; n < w; n++)
-                s[n] = (drop && drop[n]) ? -FLT_MAX : (s[n] + bias) * a->scale;
-            for (int n = w; n < wp; n++) s[n] = -FLT_MAX;
-            v16 vm = (v16){0} - FLT_MAX;
-            for (int n = 0; n < wp; n += VW) { v16 x = *(v16 *)(s + n); vm = vmax(x, vm); }
-            float mx = hmax(vm);
-            float m_new = mx > m[g] ? mx : m[g];
-            v16 sub = (v16){0} + m_new, vs = (v16){0};
-            for (int n = 0; n < wp; n += VW) {
-                v16 e = vexp(*(v16 *)(s + n) - sub);
-                *(v16 *)(s + n) = e;
-                vs += e;
+            qk(a, qs, off, w, S, sw);
+        const int wp = (w + 15) & ~15;
+        for (int h = 0; h < nkv; h++) {
+            const int r = b * nkv + h;
+            const int64_t it = (int64_t)r * a->splits + s;
+            float *m = a->part_m + it * G, *l = a->part_l + it * G;
+            float *acc = a->part_acc + it * G * D;
+            float *Sh = S + (int64_t)h * G * sw;
+            for (int g = 0; g < G; g++) {
+                float *sc = Sh + (int64_t)g * sw;
+                float bias = a->bias ? a->bias[(int64_t)r * G + g] : 0.0f;
+                for (int n = 0; n < w; n++)
+                    sc[n] = (drop && drop[n]) ? -FLT_MAX : (sc[n] + bias) * a->scale;
+                for (int n = w; n < wp; n++) sc[n] = -FLT_MAX;
+                v16 vm = (v16){0} - FLT_MAX;
+                for (int n = 0; n < wp; n += VW) { v16 x = *(v16 *)(sc + n); vm = vmax(x, vm); }
+                float mx = hmax(vm);
+                float m_new = mx > m[g] ? mx : m[g];
+                v16 sub = (v16){0} + m_new, vs = (v16){0};
+                for (int n = 0; n < wp; n += VW) {
+                    v16 e = vexp(*(v16 *)(sc + n) - sub);
+                    *(v16 *)(sc + n) = e;
+                    vs += e;
+                }
+                float alpha = vexp((v16){0} + (m[g] - m_new))[0];
+                l[g] = l[g] * alpha + hsum(vs);
+                m[g] = m_new;
+                if (alpha != 1.0f) for (int d = 0; d < D; d++) acc[(int64_t)g * D + d] *= alpha;
             }
-            float alpha = vexp((v16){0} + (m[g] - m_new))[0];
-            l[g] = l[g] * alpha + hsum(vs);
-            m[g] = m_new;
-            if (alpha != 1.0f) for (int d = 0; d < D; d++) acc[(int64_t)g * D + d] *= alpha;
+            /* masked positions: weight 0, but 0 * NaN = NaN: their V rows are never read */
+            const char *vb = a->v + h * a->sh * a->esize;
+            for (int g0 = 0; g0 < G; g0 += GB) pv(a, vb, off, w, g0, Sh, sw, drop, acc);
         }
-        /* masked positions: weight 0, but 0 * NaN = NaN: their V rows are never read */
-        for (int g0 = 0; g0 < G; g0 += GB) pv(a, b, h, c0, w, g0, S, drop, acc);
     }
 }
 
-/* work item = (row, split): the split-th of `splits` equal parts of the row's window */
-static void run_item(const args_t *a, int item) {
+/* work item = (sequence b, split s): the s-th of `splits` equal parts of b's window, all its
+ * kv heads */
+static void run_item(const args_t *a, int item, float *work) {
     const int G = a->G, D = a->D;
-    int r = item / a->splits, s = item % a->splits, b = r / a->nkv;
+    int b = item / a->splits, s = item % a->splits;
     int64_t lo = a->lo[b], hi = a->hi[b], len = hi > lo ? hi - lo : 0;
     int64_t step = (len + a->splits - 1) / a->splits;
     int64_t p0 = lo + s * step, p1 = p0 + step < hi ? p0 + step : hi;
-    float *m = a->part_m + (int64_t)item * G, *l = a->part_l + (int64_t)item * G;
-    float *acc = a->part_acc + (int64_t)item * G * D;
-    if (p0 < p1) {
-        attend(a, r, p0, p1, m, l, acc);
-        return;
+    for (int h = 0; h < a->nkv; h++) {
+        int64_t it = (int64_t)(b * a->nkv + h) * a->splits + s;
+        for (int g = 0; g < G; g++) a->part_m[it * G + g] = -FLT_MAX, a->part_l[it * G + g] = 0.0f;
+        memset(a->part_acc + it * G * D, 0, sizeof(float) * G * D);
     }
-    for (int g = 0; g < G; g++) { m[g] = -FLT_MAX; l[g] = 0.0f; }
-    memset(acc, 0, sizeof(float) * G * D);
+    if (p0 < p1) attend(a, b, s, p0, p1, work);
 }
 
 /* The block ids every row's window reads must name blocks of the cache: returns 0, or -2 with
@@ -409,15 +457,28 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
     args_t a = {q, bias, scale, q_bf16, (const char *)k, (const char *)v, kind, esize[kind], sb, sh,
                 sp, table && !table_i32 ? (const int64_t *)table : NULL,
                 table && table_i32 ? (const int32_t *)table : NULL, table_stride, block_size, lo,
-                hi, mask, mask_stride, batch * nkv, nkv, G, D, splits, part_m, part_l, part_acc};
+                hi, mask, mask_stride, batch * nkv, nkv, G, D, splits, part_m, part_l, part_acc,
+                0, 0};
     if (table && check_blocks(&a, batch, num_blocks, err)) return -2;
-    int items = a.rows * splits;
+    int64_t cw = CHUNK_BYTES / ((int64_t)nkv * D * esize[kind] * 2);
+    a.cw = cw < 16 ? 16 : cw > CH ? CH : (int)cw;
+    a.sw = (a.cw + 15) & ~15;
+    int items = batch * splits;
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;
+    /* per thread: the scores [nkv * G][sw] and the bf16 query [nkv * G * D] (in 64-byte units) */
+    const int64_t per = (int64_t)nkv * G * a.sw + ((int64_t)nkv * G * D + 31) / 32 * 16;
+    float *work = aligned_alloc(64, (size_t)(nthreads * per) * sizeof(float));
+    if (!work) return -1;
     /* OpenMP: in a PyTorch process this is PyTorch's own runtime and thread pool (libgomp is
      * loaded once), so no second set of threads competes with it for the cores. */
-    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if (nthreads > 1)
-    for (int item = 0; item < items; item++) run_item(&a, item);
+    #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        float *mine = work + omp_get_thread_num() * per;
+        #pragma omp for schedule(dynamic, 1)
+        for (int item = 0; item < items; item++) run_item(&a, item, mine);
+    }
+    free(work);
     /* merge the splits of every row */
     for (int r = 0; r < a.rows; r++) {
         for (int g = 0; g < G; g++) {

@@ -96,7 +96,7 @@ void uncount_pending() { __atomic_sub_fetch(&torchair_launch_pending, 1, __ATOMI
 }
 
 constexpr int kMaxG = 64, kMaxD = 512;
-constexpr int64_t kMinSplit = 512, kSerialWork = 1024;  // as torchair.ops.attention.cpu.native
+constexpr int64_t kMinSplit = 128, kSerialWork = 1024;  // as torchair.ops.attention.cpu.native
 const char *kOp = "npu_incre_flash_attention";
 
 // Everything the kernel needs that the shapes decide.
@@ -218,15 +218,17 @@ at::Tensor general(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v
   return stack.back().toTensor();
 }
 
-// (threads, splits per row) of a kernel call over `rows` rows of at most `window` positions, as
-// torchair.ops.attention.cpu.native.work_split decides them.
-void work_split(int64_t rows, int64_t window, int64_t *threads, int64_t *splits) {
+// (threads, splits per sequence) of a kernel call over `batch` sequences of `nkv` kv heads and
+// at most `window` positions, as torchair.ops.attention.cpu.native.work_split decides them.
+void work_split(int64_t batch, int64_t nkv, int64_t window, int64_t *threads, int64_t *splits) {
   *threads = std::max<int64_t>(1, at::get_num_threads());
-  if (rows * window < kSerialWork) *threads = 1;
+  if (batch * nkv * window < kSerialWork) *threads = 1;
   *splits = 1;
-  if (rows < 2 * *threads)
+  if (*threads > 1 && batch < 4 * *threads) {
     *splits =
-        std::max<int64_t>(1, std::min((2 * *threads + rows - 1) / rows, window / kMinSplit));
+        std::max<int64_t>(1, std::min((4 * *threads + batch - 1) / batch, window / kMinSplit));
+    while (*splits > 1 && (batch * *splits) % *threads) --*splits;
+  }
 }
 
 // The general op's error for block_table[b, c] = id, a block sequence b reads (positions
@@ -310,7 +312,7 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
     return at::zeros_like(query, at::MemoryFormat::Contiguous);
   const int64_t rows = B * c.nkv;
   int64_t threads, splits;
-  work_split(rows, window, &threads, &splits);
+  work_split(B, c.nkv, window, &threads, &splits);
   at::Tensor qf = query;
   if (query.scalar_type() != at::kFloat || !query.is_contiguous())
     qf = query.to(at::kFloat).contiguous();
@@ -529,7 +531,7 @@ at::Tensor fia_prompt_impl(const at::Tensor &query, const at::Tensor &key,
   qf = qf.to(at::kFloat).contiguous();
   const int64_t rows = T * c.nkv, G = c.group, D = c.dim;
   int64_t threads, splits;
-  work_split(rows, window, &threads, &splits);
+  work_split(T, c.nkv, window, &threads, &splits);
   const int64_t items = rows * splits;
   at::Tensor scratch =
       at::empty({items * G * (D + 2) + rows * G}, query.options().dtype(at::kFloat));
