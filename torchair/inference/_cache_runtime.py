@@ -300,6 +300,13 @@ class Runtime:
         return self.unit_checks
 
     def __call__(self, flat: list) -> Any:
+        if self.plain_output is not None and self.first_call_context is None:
+            try:  # the serving step's call (no attribute writes: flat is the graph inputs)
+                outputs = self.unit(flat)
+            except InputLayoutError as error:  # refused before anything ran (another layout)
+                raise InputsRefused(self.checks.explain(flat) or str(error)) from None
+            self.served = True
+            return outputs[self.plain_output]
         targets = flat[self.n_inputs:]
         del flat[self.n_inputs:]
         inputs = list(flat)  # the unit may clear its argument list
@@ -313,8 +320,6 @@ class Runtime:
         except InputLayoutError as error:  # refused before anything ran (another layout)
             raise InputsRefused(self.checks.explain(inputs) or str(error)) from None
         self.served = True  # a call ran from the entry: later ones need no gear marks
-        if self.plain_output is not None:  # one unit output, returned as it is
-            return outputs[self.plain_output]
         outputs = graph_outputs(self.aot, outputs, inputs)
         for target, (attr, value) in zip(targets, self.writes):  # after the graph, as Dynamo
             # a tensor stored on a module is a graph output or input ({"out": k} / {"in": j})
