@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchair
+from torchair.runtime import unit_call, units
 
 
 class _Affine(torch.nn.Module):
@@ -23,7 +24,13 @@ class _Affine(torch.nn.Module):
 
 
 @pytest.mark.inductor
-def test_a_parameter_with_another_layout_falls_back_and_the_entry_serves_again(tmp_path, torchair_log):
+@pytest.mark.parametrize("call", ["cpp", "python"])
+def test_a_parameter_with_another_layout_falls_back_and_the_entry_serves_again(
+        tmp_path, torchair_log, monkeypatch, call):
+    """``cpp``: the unit's C++ call helper where it builds; ``python``: the Python check and
+    call a machine without a C++ compiler gets."""
+    if call == "python":
+        monkeypatch.setattr(units.NativeEntry, "of", classmethod(lambda cls, *a: None))
     model = _Affine()
     cached = torchair.inference.cache_compile(model.forward, dynamic=False,
                                               cache_dir=str(tmp_path))
@@ -38,6 +45,8 @@ def test_a_parameter_with_another_layout_falls_back_and_the_entry_serves_again(t
         served()
         unit = cached.runtime.unit
         assert unit.layout is not None, "a CPU C++-wrapper unit checks its own inputs"
+        assert (unit._fast.direct is not None) == (call == "cpp" and unit_call.module() is not None)
+        assert unit._fast.parts is not None
         assert cached.runtime.unit_checks is True  # so the runtime does not check them twice
         original = model.w.data
 
