@@ -271,10 +271,7 @@ class Runtime:
             self.wrap(flat)
         # a static unit with its own input check (torchair.runtime.input_layout) checks the
         # inputs' layout itself, once; when that check fails, __call__ asks these checks why
-        unit_checks = self.unit_checks
-        if unit_checks is None:
-            unit_checks = self._unit_checks_inputs()
-        if not unit_checks:
+        if not (self.unit_checks or self.unit_checks is None and self._unit_checks_inputs()):
             why = self.checks.mismatch(flat)
             if why:
                 return why, []
@@ -292,33 +289,37 @@ class Runtime:
     def _unit_checks_inputs(self) -> bool:
         """Whether the launch unit, now built, checks each input :attr:`checks` covers (a
         static unit with its own :class:`~torchair.runtime.input_layout.InputLayout` that takes
-        all of them): then those checks run only to say why the unit refused a call."""
-        if self.unit_checks is None:
-            if getattr(self.unit, "layout", None) is None:
-                return False  # not built yet, or no layout of its own: ask again next call
-            self.unit_checks = set(self.checks.memo.slots) <= set(self.unit.kept)
+        all of them): then those checks run only to say why the unit refused a call. Decided
+        once the unit has a layout (until then: False, asked again next call)."""
+        if getattr(self.unit, "layout", None) is None:
+            return False
+        self.unit_checks = set(self.checks.memo.slots) <= set(self.unit.kept)
         return self.unit_checks
+
+    def _run_unit(self, flat: list, inputs: list) -> Any:
+        """The unit on ``flat``; a unit that refused the inputs' layout before running raises
+        :class:`InputsRefused` with the runtime's own reason when it has one (``inputs``: the
+        graph inputs as passed, the unit may clear ``flat``)."""
+        try:
+            return self.unit(flat)
+        except InputLayoutError as error:
+            raise InputsRefused(self.checks.explain(inputs) or str(error)) from None
 
     def __call__(self, flat: list) -> Any:
         if self.plain_output is not None and self.first_call_context is None:
-            try:  # the serving step's call (no attribute writes: flat is the graph inputs)
-                outputs = self.unit(flat)
-            except InputLayoutError as error:  # refused before anything ran (another layout)
-                raise InputsRefused(self.checks.explain(flat) or str(error)) from None
+            # the serving step's call (no attribute writes: flat is the graph inputs)
+            outputs = self._run_unit(flat, flat)
             self.served = True
             return outputs[self.plain_output]
         targets = flat[self.n_inputs:]
         del flat[self.n_inputs:]
         inputs = list(flat)  # the unit may clear its argument list
-        try:
-            if self.first_call_context is not None:
-                with self.first_call_context():
-                    outputs = self.unit(flat)
-                self.first_call_context = None
-            else:
-                outputs = self.unit(flat)
-        except InputLayoutError as error:  # refused before anything ran (another layout)
-            raise InputsRefused(self.checks.explain(inputs) or str(error)) from None
+        if self.first_call_context is not None:
+            with self.first_call_context():
+                outputs = self._run_unit(flat, inputs)
+            self.first_call_context = None
+        else:
+            outputs = self._run_unit(flat, inputs)
         self.served = True  # a call ran from the entry: later ones need no gear marks
         outputs = graph_outputs(self.aot, outputs, inputs)
         for target, (attr, value) in zip(targets, self.writes):  # after the graph, as Dynamo

@@ -187,6 +187,13 @@ class StaticUnit:
         kept, sunk, layout = self.kept, self.sunk, self.layout
         # without the entry's Python around Inductor's compiled C++ (see cpp_entry_parts)
         parts = _engines.cpp_entry_parts(entry) if layout is not None else None
+        plain = None
+        if parts is not None:
+            handles, compiled, tensors = parts
+
+            def plain(call_args: list) -> Sequence[Any]:
+                return tensors(compiled(handles(call_args)))
+
         direct = (NativeEntry.of(parts[1], example, outputs, parts[2])
                   if parts is not None and outputs is not None else None)
         if errors:
@@ -212,9 +219,9 @@ class StaticUnit:
                     outputs = direct(call_args)
                     if outputs is None:  # an input the C++ check refused: the layout says which
                         layout.check(call_args)
-                        outputs = parts[2](parts[1](parts[0](call_args)))
-                elif parts is not None:
-                    outputs = parts[2](parts[1](parts[0](call_args)))
+                        outputs = plain(call_args)
+                elif plain is not None:
+                    outputs = plain(call_args)
                 else:
                     outputs = entry(call_args)
             except BaseException as exc:

@@ -51,8 +51,9 @@ class PerCallChecks(Protocol):
     ``sources`` and the graph inputs' slots (``inputs``); ``per_call``, the tuple
     ``(guards, source steps, dict inputs)``; ``memo``, the per-call tensor guards' memo;
     ``untensored``, the per-call guards it does not imply (each with ``code``, ``type_of``,
-    ``obj`` and, when known, ``read``: the source slots it reads); ``tensor_dicts``, read by the generated function on every call (graph input ->
-    its module's parameter or buffer dict, replaced by each full check)."""
+    ``obj`` and, when known, ``read``: the source slots it reads); ``tensor_dicts``, read by
+    the generated function on every call (graph input -> its module's parameter or buffer dict,
+    replaced by each full check)."""
 
     sources: Sources
     inputs: list[int]
