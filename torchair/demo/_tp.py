@@ -134,6 +134,10 @@ def worker(args, result_path: str) -> NoReturn:
 
 
 def _worker(args, result_path: str, rank: int, world: int, backend: str, start: float) -> int:
+    if args.serve:
+        from torchair.demo import serve_tp
+
+        return serve_tp.rank_main(args, result_path, rank, world, backend, start)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     lead = rank == 0

@@ -171,9 +171,13 @@ class Layer(torch.nn.Module):
                                                         k_pool, v_pool)))
         m, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.mlp_norm,
                                                         EPS)
+        return residual, self.mlp(m)
+
+    def mlp(self, m: torch.Tensor) -> torch.Tensor:
+        """The MLP of the normed residual ``m``: SwiGLU (row-parallel reduced) or the MoE."""
         if self.cfg.experts:
-            return residual, self.moe(m)
-        return residual, self._reduce(self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m)))
+            return self.moe(m)
+        return self._reduce(self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m)))
 
 
 class MoE(torch.nn.Module):

@@ -91,6 +91,33 @@ def _parser() -> argparse.ArgumentParser:
                    help="CPU threads of PyTorch (torch.set_num_threads; default: PyTorch's)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights, prompts and block tables")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
+    serving = p.add_argument_group(
+        "serving (--serve)", "continuous batching over the same decoder: requests join and leave, "
+        "decode batches padded to graph batch sizes, chunked prefill, optional speculative "
+        "decode; eager vs torchair (docs/serving.md)")
+    serving.add_argument("--serve", action="store_true",
+                         help="run the serving loop instead of the fixed-batch generation")
+    serving.add_argument("--requests", type=int, default=32, help="requests (default 32)")
+    serving.add_argument("--max-batch", type=int, default=8,
+                         help="requests per decode batch at most (default 8)")
+    serving.add_argument("--graph-batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8],
+                         metavar="N", help="decode batches are padded up to the smallest of "
+                         "these, the gears of the compiled decode step (vllm-ascend's "
+                         "graph_batch_sizes; default 1 2 4 8)")
+    serving.add_argument("--prefill-chunk", type=int, default=32,
+                         help="prompt tokens per prefill step (default 32)")
+    serving.add_argument("--speculate", type=int, default=0, metavar="K",
+                         help="K > 0: speculative decode, K prompt-lookup drafts verified per "
+                              "step (default 0)")
+    serving.add_argument("--prompt-lens", type=int, nargs=2, default=[4, 128],
+                         metavar=("MIN", "MAX"), help="prompt lengths (default 4 128)")
+    serving.add_argument("--output-lens", type=int, nargs=2, default=[8, 64],
+                         metavar=("MIN", "MAX"), help="generated tokens (default 8 64)")
+    serving.add_argument("--rounds", type=int, default=3,
+                         help="timed rounds per side, alternating (default 3)")
+    serving.add_argument("--poison-freed", action="store_true",
+                         help="fill freed and rolled-back KV rows with NaN (a request reading "
+                              "rows it does not own then fails the token check)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
@@ -113,6 +140,10 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.tp > 1 and args.device == "cuda" and torch.cuda.device_count() < args.tp:
         p.error(f"--tp {args.tp} --device cuda: NCCL needs one GPU per rank, found "
                 f"{torch.cuda.device_count()}")
+    if args.serve:
+        from torchair.demo import serve
+
+        serve.check_args(p, args)
     args.engine_defaulted = args.engine is None
     if args.engine is None:
         args.engine = "fx" if args.tp > 1 else "inductor"
@@ -159,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg.check()
     except ValueError as err:
         parser.error(str(err))
+    if args.serve and args.tp == 1:
+        from torchair.demo import serve
+
+        return serve.main(args, cfg)
     if args.tp > 1:
         if args.tp_worker is not None:
             return _tp.worker(args, args.tp_worker)
