@@ -115,6 +115,10 @@ def _parser() -> argparse.ArgumentParser:
                          metavar=("MIN", "MAX"), help="generated tokens (default 8 64)")
     serving.add_argument("--rounds", type=int, default=3,
                          help="timed rounds per side, alternating (default 3)")
+    serving.add_argument("--cache-dir", default=None, metavar="DIR",
+                         help="keep the cache_compile entries in DIR (default: a temporary "
+                              "directory, removed at exit); a later run with the same DIR starts "
+                              "warm, without Dynamo")
     serving.add_argument("--poison-freed", action="store_true",
                          help="fill freed and rolled-back KV rows with NaN (a request reading "
                               "rows it does not own then fails the token check)")

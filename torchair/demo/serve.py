@@ -16,13 +16,14 @@ Any other difference is a mismatch, and the command exits with status 1.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import statistics
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -288,6 +289,22 @@ def check_args(parser, args) -> None:
             parser.error(f"{flag} {lo} {hi}: give MIN MAX with 1 <= MIN <= MAX")
 
 
+@contextlib.contextmanager
+def cache_dir_of(args) -> Iterator[str | None]:
+    """``--cache-dir`` (kept), else a temporary directory removed afterwards; None with
+    ``--no-cache-compile``."""
+    if args.no_cache_compile:
+        yield None
+    elif args.cache_dir:
+        yield args.cache_dir
+    else:
+        tmp = tempfile.mkdtemp(prefix="torchair-serve-")
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(args, cfg: DemoConfig) -> int:
     """Run the serving demo (one process); 0 when every request's tokens pass the check."""
     start = time.perf_counter()
@@ -311,10 +328,9 @@ def main(args, cfg: DemoConfig) -> int:
         param.requires_grad_(False)
     model = ServeStep(decoder)
     load = workload(args)
-    cache_dir = None if args.no_cache_compile else tempfile.mkdtemp(prefix="torchair-serve-")
     bar = Bar(args.requests * (2 * args.rounds + 1), enabled=not args.no_progress)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), cache_dir_of(args) as cache_dir:
             runners = build(args, cfg, model, dtype, cache_dir)
             results = run_rounds(args, runners, load, bar)
             base = bar.done
@@ -323,8 +339,6 @@ def main(args, cfg: DemoConfig) -> int:
                 milestone=n == len(load)))
     finally:
         bar.close()
-        if cache_dir is not None:
-            shutil.rmtree(cache_dir, ignore_errors=True)
     return report(args, cfg, results, ref, runners, time.perf_counter() - start)
 
 

@@ -80,6 +80,9 @@ class Stats:
     emitted: int = 0  # tokens the decode steps produced (the prefills' first tokens not counted)
     request_steps: int = 0  # (request, decode step) pairs
     max_blocks_in_use: int = 0
+    batch_sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # real rows -> steps
+    graph_sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # run size -> steps
+    drafts: dict[int, int] = dataclasses.field(default_factory=dict)  # drafts -> request-steps
 
 
 def propose(tokens: Sequence[int], k: int, max_n: int = 3, min_n: int = 1) -> list[int]:
@@ -164,6 +167,10 @@ class Runner:
             padding = padded.padding
             rows += self.null_rows(padding)
         stats.decode_steps += 1
+        stats.batch_sizes[len(reqs)] = stats.batch_sizes.get(len(reqs), 0) + 1
+        stats.graph_sizes[len(rows)] = stats.graph_sizes.get(len(rows), 0) + 1
+        for d in drafts:
+            stats.drafts[len(d)] = stats.drafts.get(len(d), 0) + 1
         stats.rows += len(rows)
         stats.padded_rows += padding
         out = self._call("decode", self.decode_fn,

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
-import tempfile
 import time
 
 import torch
@@ -48,9 +46,8 @@ def rank_main(args, result_path: str, rank: int, world: int, backend: str, start
         param.requires_grad_(False)
     load = serve.workload(args)
     bar = Bar(args.requests * (2 * args.rounds + 1), enabled=lead and not args.no_progress)
-    cache_dir = None if args.no_cache_compile else tempfile.mkdtemp(prefix="torchair-serve-tp-")
     try:
-        with torch.no_grad():
+        with torch.no_grad(), serve.cache_dir_of(args) as cache_dir:  # entries per rank inside
             # the other ranks wait for rank 0 in their first all-reduce meanwhile
             ref = (serve.reference(args, cfg, ServeStep(full), load, dtype,
                                    on_progress=lambda n: bar.update(
@@ -63,8 +60,6 @@ def rank_main(args, result_path: str, rank: int, world: int, backend: str, start
             results = serve.run_rounds(args, runners, load, bar)
     finally:
         bar.close()
-        if cache_dir is not None:
-            shutil.rmtree(cache_dir, ignore_errors=True)
     mine = {name: results[name]["tokens"] for name in ("eager", "torchair")}
     everyone: list = [None] * world
     dist.all_gather_object(everyone, mine)
