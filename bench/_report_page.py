@@ -1,6 +1,6 @@
 """The pages of :mod:`bench.report`: its markdown (machine line, decode step table, one headline
 per other benchmark, failures and skips), the block it puts between the ``bench-report`` markers
-of a page, and the decode step plot (matplotlib, optional).
+of a page, the decode step plot and the serving plot (matplotlib, optional).
 
 Split out of :mod:`bench.report`; the summary these render is :mod:`bench._report_summary`.
 """
@@ -122,13 +122,34 @@ def headline(name: str, s: Mapping[str, Any]) -> str:
                      for k, v in variants.items()]
             parts.append(f"{part}: " + "; ".join(items))
         return "- **super kernel**: " + " | ".join(parts)
+    if name == "serve":
+        return serve_headline(s)
     items = [f"{k} {_fmt(v)}" for k, v in list(s.items())[:8]]
     return f"- **{name.replace('_', ' ')}**: " + ("; ".join(items) or "no headline numbers")
 
 
-def render_markdown(report: Mapping[str, Any], image: str | None = None) -> str:
+def serve_headline(s: Mapping[str, Any]) -> str:
+    """The serving benchmark's line: tokens/s of each side and the ratio per concurrency."""
+    c = s.get("config", {})
+    tput = s["throughput_tokens_per_s"]
+    items = [f"c={n} " + ("FAILED" if e is None else f"{_fmt(e, 0)} / {_fmt(t, 0)} ({_fmt(r)}x)")
+             for n, e, t, r in zip(s["concurrency"], tput["eager"], tput["torchair"],
+                                   s["throughput_ratio"])]
+    waste = [w for w in s["padding_waste"] if w is not None]
+    recompiles = [r for r in s["recompiles_after_warmup"] if r is not None]
+    tokens = {True: "all equal", False: "MISMATCH", None: "-"}[s.get("tokens_ok")]
+    return (f"- **serve** ({c.get('engine')} engine, {c.get('requests')} requests"
+            + (f", speculate {c['speculate']}" if c.get("speculate") else "")
+            + "): generated tokens/s eager / torchair " + ", ".join(items)
+            + f"; tokens {tokens}; recompiles after warm-up {max(recompiles, default='-')}"
+            + (f"; padding waste up to {100 * max(waste):.0f}%" if waste else ""))
+
+
+def render_markdown(report: Mapping[str, Any], image: str | None = None,
+                    serve_image: str | None = None) -> str:
     """The report as markdown: machine line, decode step table, one line per other benchmark,
-    failures and skips, the plot when ``image`` is given."""
+    failures and skips, the plot when ``image`` is given and the serving plot when
+    ``serve_image`` is."""
     quick = report["options"].get("quick")
     lines = [f"### Benchmark report: {report['machine_tag']}"
              + (" (`--quick` smoke run: tiny models, numbers not representative)" if quick
@@ -153,6 +174,8 @@ def render_markdown(report: Mapping[str, Any], image: str | None = None) -> str:
     others += [f"- {n}: skipped ({why})" for n, why in report["skipped"].items()]
     if others:
         lines += ["Other benchmarks:", ""] + others + [""]
+    if serve_image:
+        lines += [f"![serving tokens/s vs concurrency]({serve_image})", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -180,7 +203,26 @@ def _insert(text: str, at: int, body: str) -> str:
     return head + "\n\n" + body + "\n" + ("\n" + tail if tail else "")
 
 
-# ------------------------------------------------------------------------------ plot
+# ------------------------------------------------------------------------------ plots
+
+def _figure_class():
+    """matplotlib's ``Figure``, or None (with a message) when matplotlib is not installed."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        print('no plot: matplotlib is not installed (pip install -e ".[bench]"); the JSON and '
+              'markdown are written')
+        return None
+    return Figure
+
+
+def _plot_title(what: str, report: Mapping[str, Any]) -> str:
+    info = report["machine"]
+    where = info.get("gpu_name") or f"{info.get('cpu_model')}, {info.get('nproc')} cores"
+    return (f"{what}: {where}\ntorch {info.get('torch')}, torchair {info.get('torchair')}, "
+            f"{str(info.get('timestamp', ''))[:10]}"
+            + (" (--quick)" if report["options"].get("quick") else ""))
+
 
 def write_plot(report: Mapping[str, Any], path: Path) -> Path | None:
     """Decode step median latency vs batch (log-log), one line per variant; None (with a
@@ -189,13 +231,9 @@ def write_plot(report: Mapping[str, Any], path: Path) -> Path | None:
     if not ds or "error" in ds:
         print("no plot: no decode step results")
         return None
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        print('no plot: matplotlib is not installed (pip install -e ".[bench]"); the JSON and '
-              'markdown are written')
+    Figure = _figure_class()
+    if Figure is None:
         return None
-    info = report["machine"]
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     for name in ds["variants"]:
@@ -209,13 +247,42 @@ def write_plot(report: Mapping[str, Any], path: Path) -> Path | None:
     ax.set_xticklabels([str(b) for b in ds["batches"]])
     ax.set_xlabel("batch")
     ax.set_ylabel("median step latency (us)")
-    where = info.get("gpu_name") or f"{info.get('cpu_model')}, {info.get('nproc')} cores"
-    ax.set_title(f"decode step: {where}\ntorch {info.get('torch')}, torchair "
-                 f"{info.get('torchair')}, {str(info.get('timestamp', ''))[:10]}"
-                 + (" (--quick)" if report["options"].get("quick") else ""), fontsize=10)
+    ax.set_title(_plot_title("decode step", report), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
 
+
+
+def write_serve_plot(report: Mapping[str, Any], path: Path) -> Path | None:
+    """Serving throughput (generated tokens/s) vs concurrency (log2 x axis), one line for eager
+    and one for torchair; None (with a message) without matplotlib or without serve results."""
+    sv = report["summary"].get("serve")
+    if not sv or "error" in sv or not any(
+            v is not None for side in sv["throughput_tokens_per_s"].values() for v in side):
+        print("no serve plot: no serve results")
+        return None
+    Figure = _figure_class()
+    if Figure is None:
+        return None
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    labels = {"eager": "eager", "torchair": f"torchair ({sv['config'].get('engine')} engine)"}
+    for side, values in sv["throughput_tokens_per_s"].items():
+        pts = [(c, v) for c, v in zip(sv["concurrency"], values) if v is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=labels.get(side, side))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sv["concurrency"])
+    ax.set_xticklabels([str(c) for c in sv["concurrency"]])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("concurrency (--max-batch)")
+    ax.set_ylabel("generated tokens/s")
+    ax.set_title(_plot_title("serving", report), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path

@@ -42,7 +42,7 @@ class Bench:
 
 
 BENCHES = (Bench("decode_step", batch_sweep=True), Bench("decode_attention"), Bench("fusion"),
-           Bench("gears"), Bench("cache_compile"), Bench("super_kernel"))
+           Bench("gears"), Bench("cache_compile"), Bench("super_kernel"), Bench("serve"))
 
 
 def child_argv(bench: Bench, opts: argparse.Namespace, out: Path) -> list[str]:

@@ -131,6 +131,38 @@ def summarize_super_kernel(p: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+SERVE_SIDES = ("eager", "torchair")
+
+
+def summarize_serve(p: Mapping[str, Any]) -> dict[str, Any]:
+    """Per concurrency (lists aligned with ``concurrency``): generated tokens/s of each side and
+    their ratio, TTFT p50, TPOT p50 / p99, padding waste, token check, recompiles and compiles;
+    a point whose process failed has None values and its error in ``errors``."""
+    points = sorted(p["points"], key=lambda x: x["concurrency"])
+    ok = [x for x in points if "error" not in x]
+
+    def per(key: str) -> list[Any]:
+        return [x.get(key) if "error" not in x else None for x in points]
+
+    def sides(key: str) -> dict[str, list[Any]]:
+        return {side: [x[key][side] if "error" not in x else None for x in points]
+                for side in SERVE_SIDES}
+
+    cfg = p.get("config", {})
+    return {"concurrency": [x["concurrency"] for x in points],
+            "throughput_tokens_per_s": sides("throughput_tokens_per_s"),
+            "throughput_ratio": per("throughput_ratio"),
+            "ttft_p50_ms": sides("ttft_p50_ms"), "tpot_p50_ms": sides("tpot_p50_ms"),
+            "tpot_p99_ms": sides("tpot_p99_ms"), "padding_waste": per("padding_waste"),
+            "all_tokens_equal": per("all_tokens_equal"),
+            "recompiles_after_warmup": per("recompiles_after_warmup"),
+            "dynamo_compiles": per("dynamo_compiles"),
+            "tokens_ok": all(x["all_tokens_equal"] for x in ok) if ok else None,
+            "errors": {str(x["concurrency"]): x["error"] for x in points if "error" in x},
+            "config": {k: cfg.get(k) for k in ("device", "engine", "requests", "rounds",
+                                               "speculate", "quick")}}
+
+
 _HEADLINE_KEY = re.compile(r"launch|latency|median|speedup|segments|kernels")
 
 
@@ -162,7 +194,8 @@ def summarize_generic(p: Any, limit: int = 24) -> dict[str, Any]:
 SUMMARIES: dict[str, Callable[[Any], dict[str, Any]]] = {
     "decode_step": summarize_decode_step, "decode_attention": summarize_decode_attention,
     "fusion": summarize_fusion, "gears": summarize_gears,
-    "cache_compile": summarize_cache_compile, "super_kernel": summarize_super_kernel}
+    "cache_compile": summarize_cache_compile, "super_kernel": summarize_super_kernel,
+    "serve": summarize_serve}
 
 
 def summarize(payloads: Mapping[str, Any]) -> dict[str, Any]:

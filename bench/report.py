@@ -18,8 +18,12 @@ Writes, for the machine tag of ``_harness.machine_tag`` (``cpu-2core``, the GPU 
   (``benchmarks``), what ran (``runs``), ``failures``, ``skipped`` and a compact ``summary``;
 * ``bench/results/<tag>.png``: decode step median latency vs batch, one line per variant
   (needs matplotlib: ``pip install -e ".[bench]"``; skipped with a message without it);
-* ``bench/results/<tag>.md``: the decode step table and one line per other benchmark, also
-  put between the ``bench-report`` markers of ``docs/benchmarks.md`` with ``--update-readme``.
+* ``bench/results/<tag>_serve.png``: serving throughput (generated tokens/s) vs concurrency,
+  eager and torchair (``bench_serve.py``; skipped with a message without matplotlib or without
+  serve results);
+* ``bench/results/<tag>.md``: the decode step table and one line per other benchmark (with both
+  plots' image links), also put between the ``bench-report`` markers of ``docs/benchmarks.md``
+  with ``--update-readme``.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import time
 from pathlib import Path
 
 from bench import _harness as H
-from bench._report_page import render_markdown, replace_readme_block, write_plot
+from bench._report_page import render_markdown, replace_readme_block, write_plot, write_serve_plot
 from bench._report_run import BENCHES, ROOT, run_benchmarks
 from bench._report_summary import merge
 
@@ -89,18 +93,22 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     json_path = H.save_json(args.out_dir / f"{tag}.json", report)
     png = write_plot(report, args.out_dir / f"{tag}.png")
+    serve_png = write_serve_plot(report, args.out_dir / f"{tag}_serve.png")
     md_path = args.out_dir / f"{tag}.md"
-    md_path.write_text(render_markdown(report, png.name if png else None), encoding="utf-8")
+    md_path.write_text(render_markdown(report, png.name if png else None,
+                                       serve_png.name if serve_png else None), encoding="utf-8")
     print("\n" + render_markdown(report, None))
     if args.update_readme:
-        image = (Path(os.path.relpath(png, REPORT_PAGE.parent)).as_posix()
-                 if png and png.is_relative_to(ROOT) else None)
+        def rel(path: Path | None) -> str | None:
+            return (Path(os.path.relpath(path, REPORT_PAGE.parent)).as_posix()
+                    if path and path.is_relative_to(ROOT) else None)
         REPORT_PAGE.write_text(replace_readme_block(REPORT_PAGE.read_text(encoding="utf-8"),
-                                                    render_markdown(report, image)),
+                                                    render_markdown(report, rel(png),
+                                                                    rel(serve_png))),
                                encoding="utf-8")
         print(f"updated {REPORT_PAGE.relative_to(ROOT)}")
-    print(f"wrote {json_path}" + (f", {png}" if png else "") + f", {md_path} "
-          f"(total {time.perf_counter() - start:.0f} s)")
+    print(f"wrote {json_path}" + "".join(f", {p}" for p in (png, serve_png) if p)
+          + f", {md_path} (total {time.perf_counter() - start:.0f} s)")
     for name, f in done["failures"].items():
         print(f"FAILED {name}: {f['error']}\n{f['stderr_tail'][-2000:]}", file=sys.stderr)
     return 1 if done["failures"] else 0

@@ -10,6 +10,8 @@ What it does as vllm-ascend's TorchAir runner did:
   table, ``actual_seq_lengths_kv`` as a host list);
 - W8A8 linear layers: ``npu_dynamic_quant`` then ``npu_quant_matmul`` with per-channel weight
   scales and per-token activation scales; ``npu_swiglu`` between the MLP projections;
+- the live batch padded up to the smallest graph batch size with torchair's
+  ``torchair.inference.pad_batch`` (padded lengths 1, slots in a spare block);
 - one ``cache_compile`` per graph batch size (``dynamic=True, fullgraph=True``, a fresh code object
   per batch size as vllm-ascend names it ``<Model>_forward_with_batch_size_<n>``), with
   ``tiling_schedule_optimize`` on and the inputs marked static: path 4, one launch unit.
@@ -28,6 +30,7 @@ import torch_npu
 import torchair
 
 DEV = "npu:0"
+GRAPH_BATCH_SIZES = [2, 4]  # vllm-ascend's torchair_graph_config.graph_batch_sizes
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, LAYERS = 64, 4, 2, 16, 96, 128, 2
 BLOCKS, BLOCK_SIZE, MAX_BLOCKS, MAX_POS = 16, 16, 2, 64
 
@@ -148,11 +151,13 @@ def new_caches():
                         device=DEV) for _ in range(LAYERS)]
 
 
-def step_inputs(batch, step, graph_batch):
-    """Decode inputs for ``batch`` live requests padded to ``graph_batch`` (vllm-ascend pads the
-    slots with -1... here with slots of a spare block, and lengths with 1)."""
+def step_inputs(batch, step):
+    """Decode inputs for ``batch`` live requests padded to the next graph batch size (vllm-ascend
+    pads the slots with -1... here with slots of a spare block, and lengths with 1)."""
     g = torch.Generator().manual_seed(100 * batch + step)
-    lens = [3 + step + 2 * i for i in range(batch)] + [1] * (graph_batch - batch)
+    padded = torchair.inference.pad_batch(batch, GRAPH_BATCH_SIZES,
+                                          seq_lens=[3 + step + 2 * i for i in range(batch)])
+    lens, graph_batch = padded.seq_lens, padded.size
     table = torch.zeros(graph_batch, MAX_BLOCKS, dtype=torch.int32)
     for b in range(graph_batch):
         table[b] = torch.arange(b * MAX_BLOCKS, (b + 1) * MAX_BLOCKS, dtype=torch.int32) \
@@ -177,9 +182,10 @@ def main():
     eager_caches, graph_caches = new_caches(), new_caches()
     compiled, outs, equal = {}, [], True
     with torch.no_grad():
-        for graph_batch, live in ((4, 3), (2, 2)):
+        for live in (3, 2):  # padded to 4, and 2 as it is
+            graph_batch = torchair.inference.graph_batch_size(live, GRAPH_BATCH_SIZES)
             for step in range(3):
-                ids, pos, meta = step_inputs(live, step, graph_batch)
+                ids, pos, meta = step_inputs(live, step)
                 for t in (ids, pos, meta["slot_mapping"], meta["block_table"], *graph_caches):
                     torch._dynamo.mark_static(t)
                 want = model(ids, pos, eager_caches, meta)
