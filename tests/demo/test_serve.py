@@ -136,7 +136,7 @@ def test_an_allocator_that_hands_out_a_held_block_is_caught(monkeypatch):
     """Negative control: two requests sharing a block must fail the token check."""
     args = _args(speculate=0)
     cfg, model = _model(args)
-    ref = serve.reference(args, cfg, model, serve.workload(args), torch.float32)
+    ref = serve.reference(args, cfg, model.decoder, serve.workload(args), torch.float32)
     real_grow = BlockPool.grow
 
     def grow_sharing(self, rid, blocks, positions):
@@ -161,7 +161,7 @@ def test_poison_catches_a_rollback_that_poisons_a_live_row(monkeypatch):
     args = _args(speculate=3, poison_freed=True)
     cfg, model = _model(args)
     load = serve.workload(args)
-    ref = serve.reference(args, cfg, model, load, torch.float32)
+    ref = serve.reference(args, cfg, model.decoder, load, torch.float32)
     real_shrink = BlockPool.shrink
 
     def shrink_one_early(self, rid, blocks, positions, written):  # off by one
@@ -229,7 +229,7 @@ def test_padded_rows_never_change_a_real_row(monkeypatch):
         dirty[i] = clean[i].clone()
         dirty[i][2:] = fill
     dirty[5] = clean[5].clone()
-    dirty[5][2:] = 1
+    dirty[5][2:] = 7  # the padded rows attend over 7 positions of the null block, not 1
     logits_dirty = model.logits(*dirty)[:2]
     assert torch.equal(logits_clean, logits_dirty)
     for t, c in zip(pool.k + pool.v, after_clean):
@@ -256,13 +256,67 @@ def test_greedy_acceptance_takes_matching_drafts_then_the_model_token():
 
 
 def test_near_tie_rule():
-    ref = [([1, 2, 3], [0.5, 0.5, 0.5]), ([1, 2, 3], [0.5, 5e-5, 0.5]), ([1, 2], [0.5, 0.5])]
-    check = serve.check_tokens([[1, 2, 3], [1, 9, 9], [1, 2]], ref)
+    far = (0.5, 0)
+    ref = [([1, 2, 3], [far] * 3), ([1, 2, 3], [far, (5e-5, 9), far]), ([1, 2], [far] * 2)]
+    check = serve.check_tokens([[1, 2, 3], [1, 9, 4], [1, 2]], ref)
     assert check["all_tokens_equal"] and check["requests_exact"] == 2
     assert check["near_ties"] == [{"request": 1, "token": 1, "gap": 5e-5}]
-    check = serve.check_tokens([[1, 2, 4], [1, 2, 3], [1, 2]], ref)
+    check = serve.check_tokens([[1, 2, 4], [1, 2, 3], [1, 2]], ref)  # a clear gap: a mismatch
     assert not check["all_tokens_equal"] and check["mismatches"][0]["request"] == 0
+    # a near tie, but the served token is not the reference's runner-up
+    assert not serve.check_tokens([[1, 2, 3], [1, 8, 4], [1, 2]], ref)["all_tokens_equal"]
+    # a near tie at the first difference, but the request came out shorter
+    assert not serve.check_tokens([[1, 2, 3], [1, 9], [1, 2]], ref)["all_tokens_equal"]
     assert not serve.check_tokens([[1, 2, 3], [1, 2, 3], [1]], ref)["all_tokens_equal"]
+    with pytest.raises(ValueError, match="2 served requests for 3 references"):
+        serve.check_tokens([[1, 2, 3], [1, 2, 3]], ref)
+
+
+@torch.no_grad()
+def test_the_served_step_is_the_demo_decoder_step():
+    """ServeStep (FIA, S query tokens) against the reference's Decoder.logits (IFA, one token):
+    the decode step's tokens exactly, a prefill chunk's logits to float32 rounding."""
+    args = _args()
+    cfg, model = _model(args)
+    pools = [serve.make_pool(args, cfg, torch.float32) for _ in range(2)]
+    blocks = [[], []]
+    for pool, b in zip(pools, blocks):
+        pool.grow(0, b, 40)
+    width = pools[0].blocks_for(serve.max_positions(args))
+    table = torch.tensor([pools[0].table_row(blocks[0], width)], dtype=torch.int32)
+    prompt = torch.randint(0, args.vocab, (1, 21), generator=torch.Generator().manual_seed(3))
+    slots = torch.tensor([[pools[0].slot(blocks[0], p) for p in range(21)]])
+    one = []
+    for p in range(21):  # the reference: one token at a time
+        one.append(model.decoder.logits(prompt[:, p:p + 1], torch.tensor([p]), slots[:, p],
+                                        table, [p + 1], pools[0].k, pools[0].v)[0, 0])
+    chunk = model.logits(prompt, torch.arange(21)[None], slots, table, torch.tensor([21]),
+                         torch.tensor([21]), pools[1].k, pools[1].v)[0]
+    torch.testing.assert_close(chunk, torch.stack(one), rtol=1e-5, atol=1e-5)
+    for a, b in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # the same K/V rows written
+    nxt = chunk[-1].argmax().view(1, 1)
+    want = model.decoder(nxt, torch.tensor([21]), torch.tensor([pools[0].slot(blocks[0], 21)]),
+                         table, [22], pools[0].k, pools[0].v)
+    got = model.decode(nxt, torch.tensor([[21]]), torch.tensor([[pools[1].slot(blocks[1], 21)]]),
+                       table, None, torch.tensor([22]), pools[1].k, pools[1].v)
+    assert torch.equal(got, want)
+
+
+def test_tp_ranks_that_disagree_stop_at_that_step(monkeypatch):
+    from torchair.demo import serve_tp
+
+    check = serve_tp._agreement(2, "cpu")
+
+    def gather(out, mine):  # rank 1 saw other tokens
+        out[0].copy_(mine)
+        out[1].copy_(mine + 1)
+
+    monkeypatch.setattr(serve_tp.dist, "all_gather", lambda out, t: [o.copy_(t) for o in out])
+    check("decode", [[1, 2], [3, 4]])
+    monkeypatch.setattr(serve_tp.dist, "all_gather", gather)
+    with pytest.raises(RuntimeError, match="ranks disagree on the tokens of decode step 2"):
+        check("decode", [[1, 2], [3, 4]])
 
 
 def test_serve_tp2_ranks_agree_and_match_tp1(tmp_path):

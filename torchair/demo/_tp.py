@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 import torchair
-from torchair.demo import step
+from torchair.demo import serve_tp, step
 from torchair.demo._progress import Bar
 from torchair.demo.model import Decoder, DemoConfig, PagedKVCache, shard
 from torchair.demo.roofline import read_bandwidth, x_floor
@@ -135,8 +135,6 @@ def worker(args, result_path: str) -> NoReturn:
 
 def _worker(args, result_path: str, rank: int, world: int, backend: str, start: float) -> int:
     if args.serve:
-        from torchair.demo import serve_tp
-
         return serve_tp.rank_main(args, result_path, rank, world, backend, start)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -58,8 +58,9 @@ class BlockPool:
             if not self.free:
                 raise RuntimeError(f"KV cache out of blocks: request {rid} needs "
                                    f"{self.blocks_for(positions)} blocks for {positions} positions "
-                                   f"and all {self.num_blocks - 1} are held; size the pool for "
-                                   f"--max-batch requests of the longest length")
+                                   f"and all {self.num_blocks - 1} are held; the pool is sized "
+                                   f"for its batch of requests at their longest length, so a "
+                                   f"request outgrew it or blocks leaked (a bug of the loop)")
             block = self.free.pop()
             self.handed_out += 1
             if block in self._freed_once:

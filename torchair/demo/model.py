@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 import torchair  # noqa: F401  (registers torch.ops.npu.*)
 
-__all__ = ["DemoConfig", "Decoder", "MoE", "PagedKVCache", "shard"]
+__all__ = ["DemoConfig", "Decoder", "MoE", "PagedKVCache", "rotate", "shard"]
 
 # A module constant, not a module attribute: Dynamo (dynamic=True) would trace a float attribute
 # as a graph input and then retrace once to specialize it.
@@ -148,8 +148,8 @@ class Layer(torch.nn.Module):
         heads, kv_heads, kv_hidden = cfg.local_heads, cfg.local_kv_heads, cfg.local_kv_hidden
         q, k, v = self.q_proj(a), self.k_proj(a), self.v_proj(a)
         if cfg.rope:
-            q = _rotate(q.view(batch, 1, heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
-            k = _rotate(k.view(batch, 1, kv_heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
+            q = rotate(q.view(batch, 1, heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
+            k = rotate(k.view(batch, 1, kv_heads, cfg.head_dim), cos, sin).view(batch, 1, -1)
         # the new token's K/V into its slot of the paged cache, in place
         k_pool.view(-1, kv_hidden).index_copy_(0, slots, k.reshape(batch, kv_hidden))
         v_pool.view(-1, kv_hidden).index_copy_(0, slots, v.reshape(batch, kv_hidden))
@@ -158,7 +158,7 @@ class Layer(torch.nn.Module):
             block_size=cfg.block_size, num_heads=heads, num_key_value_heads=kv_heads,
             input_layout="BSH", scale_value=cfg.head_dim ** -0.5)
 
-    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+    def reduce_partial(self, partial: torch.Tensor) -> torch.Tensor:
         """Row-parallel output: the sum of every rank's partial result."""
         if self.cfg.tp == 1:
             return partial
@@ -167,7 +167,7 @@ class Layer(torch.nn.Module):
     def forward(self, residual, delta, cos, sin, slots, block_table, lens, k_pool, v_pool):
         a, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.attn_norm,
                                                         EPS)
-        delta = self._reduce(self.o_proj(self.attention(a, cos, sin, slots, block_table, lens,
+        delta = self.reduce_partial(self.o_proj(self.attention(a, cos, sin, slots, block_table, lens,
                                                         k_pool, v_pool)))
         m, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.mlp_norm,
                                                         EPS)
@@ -177,7 +177,7 @@ class Layer(torch.nn.Module):
         """The MLP of the normed residual ``m``: SwiGLU (row-parallel reduced) or the MoE."""
         if self.cfg.experts:
             return self.moe(m)
-        return self._reduce(self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m)))
+        return self.reduce_partial(self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m)))
 
 
 class MoE(torch.nn.Module):
@@ -219,7 +219,7 @@ class MoE(torch.nn.Module):
         return out.view(m.shape)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding (rotate-half form) of ``x [B, 1, heads, D]``; cos/sin ``[B, 1, 1, D/2]``."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -249,6 +249,12 @@ class Decoder(torch.nn.Module):
 
     def forward(self, tokens, positions, slots, block_table, lens: list[int],
                 k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> torch.Tensor:
+        return self.logits(tokens, positions, slots, block_table, lens, k_pools,
+                           v_pools).argmax(dim=-1)
+
+    def logits(self, tokens, positions, slots, block_table, lens: list[int],
+               k_pools: list[torch.Tensor], v_pools: list[torch.Tensor]) -> torch.Tensor:
+        """The step's logits ``[B, 1, vocab]`` (``forward`` takes their argmax)."""
         batch = tokens.shape[0]
         residual = F.embedding(tokens, self.embed)  # [B, 1, hidden]
         delta = torch.zeros_like(residual)
@@ -258,7 +264,7 @@ class Decoder(torch.nn.Module):
             residual, delta = layer(residual, delta, cos, sin, slots, block_table, lens, k_pool,
                                     v_pool)
         h, _, _ = torch.ops.npu.npu_add_rms_norm(residual, delta, self.norm, EPS)
-        return self.lm_head(h).argmax(dim=-1)
+        return self.lm_head(h)
 
 
 def shard(full: Decoder, tp: int, rank: int, group: "dist.ProcessGroup | None" = None

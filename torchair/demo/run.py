@@ -34,7 +34,7 @@ import torch
 import torch._dynamo
 
 import torchair
-from torchair.demo import _tp, step
+from torchair.demo import _tp, serve, step
 from torchair.demo._progress import Bar
 from torchair.demo.model import Decoder, DemoConfig, PagedKVCache
 from torchair.demo.roofline import read_bandwidth
@@ -145,8 +145,6 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--tp {args.tp} --device cuda: NCCL needs one GPU per rank, found "
                 f"{torch.cuda.device_count()}")
     if args.serve:
-        from torchair.demo import serve
-
         serve.check_args(p, args)
     args.engine_defaulted = args.engine is None
     if args.engine is None:
@@ -195,8 +193,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     if args.serve and args.tp == 1:
-        from torchair.demo import serve
-
         return serve.main(args, cfg)
     if args.tp > 1:
         if args.tp_worker is not None:

@@ -2,17 +2,19 @@
 
 The same seeded workload (``--requests`` prompts of ``--prompt-lens`` tokens, each generating
 ``--output-lens`` tokens greedily) is served by the loop of :mod:`torchair.demo.serve_loop` twice
-per round: once eagerly (every step at its own shape) and once through torchair (decode steps
+per round: once eagerly (batches and prefill chunks at their own size) and once through torchair (decode steps
 padded to ``--graph-batch-sizes`` and compiled on path 4 with those sizes as batch gears, prefill
 chunks padded to ``--prefill-chunk`` and compiled as one static unit; both served with
 ``cache_compile``). The compiled steps are warmed up (every gear called once) before the timed
 rounds, so every compile happens before; a Dynamo compile during the rounds is a recompile.
 
-Every request's tokens are then checked against the same request generated alone, eagerly, with
-no padding, no chunking and no speculation (:func:`reference`). A batched, padded or multi-token
-step may round differently from that single-row step; where the reference's top two logits are
-within ``1e-4`` of the top logit's magnitude, a different token is a near tie, reported as such.
-Any other difference is a mismatch, and the command exits with status 1.
+Every request's tokens are then checked against the same request generated alone, eagerly, one
+token per step through the demo's own decode step (:func:`reference`; not the served step's
+code), with no padding, no chunking and no speculation. A batched, padded or multi-token step may
+round differently from that single-row step; where the reference's top two logits are within
+``1e-4`` of the top logit's magnitude and the served token is the runner-up, the difference is a
+near tie, reported as such. Any other difference is a mismatch, and the command exits with
+status 1.
 """
 from __future__ import annotations
 
@@ -65,60 +67,60 @@ def make_pool(args, cfg: DemoConfig, dtype: torch.dtype) -> BlockPool:
                      poison=args.poison_freed)
 
 
-def reference(args, cfg: DemoConfig, model: ServeStep, load: list[tuple[list[int], int]],
+def reference(args, cfg: DemoConfig, decoder: Decoder, load: list[tuple[list[int], int]],
               dtype: torch.dtype, on_progress: Callable[[int], None] | None = None
-              ) -> list[tuple[list[int], list[float]]]:
-    """Every request generated alone, eagerly: its whole prompt in one step, then one token per
-    step. Returns each request's tokens and, per token, the top-2 logit gap relative to the top
-    logit's magnitude."""
+              ) -> list[tuple[list[int], list[tuple[float, int]]]]:
+    """Every request generated alone, eagerly, one token per step (its prompt too) through the
+    demo's own decode step (:meth:`Decoder.logits`: ``npu_incre_flash_attention``, not the
+    served step's code). Returns each request's tokens and, per generated token, the reference's
+    top-2 logit gap relative to the top logit's magnitude and its runner-up token."""
     pool = make_pool(args, cfg, dtype)
     width = pool.blocks_for(max_positions(args))
-    runner = Runner("reference", model.logits, model.logits, pool, query_len=1,
-                    prefill_chunk=0, table_width=width, graph_sizes=None, device=args.device)
+    dev = args.device
     out = []
     for i, (prompt, max_new) in enumerate(load):
-        r = Request(i, list(prompt), max_new)
-        pos = list(range(len(prompt)))
-        pool.grow(i, r.blocks, len(prompt))
-        rows = [(list(prompt), pos, [pool.slot(r.blocks, p) for p in pos], r.blocks,
-                 len(prompt), len(prompt))]
-        logits = model.logits(*runner._inputs(rows, len(prompt), True))[0, -1]
-        gaps = []
-        while True:
-            top = logits.double().topk(2).values
-            gaps.append(float((top[0] - top[1]) / top[0].abs().clamp_min(1e-30)))
-            r.tokens.append(int(logits.argmax()))
-            r.cached = len(r.tokens) - 1
-            if r.done:
-                break
-            pool.grow(i, r.blocks, r.cached + 1)
-            rows = [(r.tokens[-1:], [r.cached], [pool.slot(r.blocks, r.cached)], r.blocks, 1,
-                     r.cached + 1)]
-            logits = model.logits(*runner._inputs(rows, 1, False))[0, -1]
-        pool.release(i, r.blocks)
-        out.append((r.generated, gaps))
+        blocks: list[int] = []
+        pool.grow(i, blocks, len(prompt) + max_new)
+        table = torch.tensor([pool.table_row(blocks, width)], dtype=torch.int32, device=dev)
+        tokens, ties = list(prompt), []
+        for p in range(len(prompt) + max_new - 1):
+            logits = decoder.logits(torch.tensor([[tokens[p]]], device=dev),
+                                    torch.tensor([p], device=dev),
+                                    torch.tensor([pool.slot(blocks, p)], device=dev), table,
+                                    [p + 1], pool.k, pool.v)[0, -1]
+            if p < len(prompt) - 1:
+                continue  # a prompt token: the next one is given
+            top = logits.double().topk(2)
+            gap = (top.values[0] - top.values[1]) / top.values[0].abs().clamp_min(1e-30)
+            ties.append((float(gap), int(top.indices[1])))
+            tokens.append(int(top.indices[0]))
+        pool.release(i, blocks)
+        out.append((tokens[len(prompt):], ties))
         if on_progress is not None:
             on_progress(i + 1)
     return out
 
 
-def check_tokens(served: list[list[int]], ref: list[tuple[list[int], list[float]]]
+def check_tokens(served: list[list[int]], ref: list[tuple[list[int], list[tuple[float, int]]]]
                  ) -> dict[str, Any]:
-    """Each served request against its reference: exact, a near tie at the first difference
-    (the reference's gap there <= NEAR_TIE), or a mismatch."""
+    """Each served request against its reference: exact; a near tie (at the first difference
+    the reference's top-2 gap is <= NEAR_TIE and the served token is its runner-up, the lengths
+    equal); or a mismatch (anything else)."""
+    if len(served) != len(ref):
+        raise ValueError(f"{len(served)} served requests for {len(ref)} references")
     exact, ties, bad = 0, [], []
-    for rid, (tokens, (want, gaps)) in enumerate(zip(served, ref)):
+    for rid, (tokens, (want, near)) in enumerate(zip(served, ref)):
         at = next((i for i, (a, b) in enumerate(zip(tokens, want)) if a != b), None)
-        if at is None and len(tokens) == len(want):
+        same_len = len(tokens) == len(want)
+        if at is None and same_len:
             exact += 1
-        elif at is not None and gaps[at] <= NEAR_TIE:
-            ties.append({"request": rid, "token": at, "gap": gaps[at]})
+        elif at is not None and same_len and near[at][0] <= NEAR_TIE and tokens[at] == near[at][1]:
+            ties.append({"request": rid, "token": at, "gap": near[at][0]})
         else:
-            bad.append({"request": rid, "token": at if at is not None else min(len(tokens),
-                                                                                 len(want)),
-                        "gap": gaps[at] if at is not None else None,
-                        "served": tokens[:8 if at is None else at + 4],
-                        "reference": want[:8 if at is None else at + 4]})
+            where = at if at is not None else min(len(tokens), len(want))
+            bad.append({"request": rid, "token": where,
+                        "gap": near[at][0] if at is not None else None,
+                        "served": tokens[:where + 4], "reference": want[:where + 4]})
     return {"all_tokens_equal": not bad, "requests_exact": exact,
             "near_tie_divergences": len(ties), "near_ties": ties, "mismatches": bad}
 
@@ -150,7 +152,8 @@ def metrics(reqs: list[Request], stats: Stats, wall: float) -> dict[str, Any]:
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-metric medians over the rounds (counts from the first round)."""
+    """Per-metric medians over the rounds (counts and step statistics from the first timed
+    round)."""
     out = dict(runs[0])
     for key in ("wall_s", "throughput_tokens_per_s", "ttft_p50_ms", "tpot_p50_ms",
                 "tpot_p99_ms"):
@@ -334,7 +337,7 @@ def main(args, cfg: DemoConfig) -> int:
             runners = build(args, cfg, model, dtype, cache_dir)
             results = run_rounds(args, runners, load, bar)
             base = bar.done
-            ref = reference(args, cfg, model, load, dtype, on_progress=lambda n: bar.update(
+            ref = reference(args, cfg, decoder, load, dtype, on_progress=lambda n: bar.update(
                 base + n, f"reference (each request alone, eager): {n}/{len(load)}",
                 milestone=n == len(load)))
     finally:
@@ -356,10 +359,10 @@ def report(args, cfg: DemoConfig, results: dict[str, Any], ref, runners: dict[st
           f"after its first token / its later tokens; torchair = decode at graph batch sizes "
           f"{args.graph_batch_sizes} and prefill chunks of {args.prefill_chunk}, both compiled "
           f"on path 4 and served with {'torch.compile' if args.no_cache_compile else 'cache_compile'}")
-    pool = runners["torchair"].pool
-    print(f"KV blocks: {pool.num_blocks - 1} + the null block; {pool.handed_out} handed out, "
-          f"{pool.reused} of them reused after a free"
-          f"{'; freed rows poisoned with NaN' if args.poison_freed else ''}")
+    pool, stats = runners["torchair"].pool, graph["stats"]
+    print(f"KV blocks (torchair, one round): {pool.num_blocks - 1} + the null block; "
+          f"{stats['blocks_handed_out']} handed out, {stats['blocks_reused']} of them reused after "
+          f"a free{'; freed rows poisoned with NaN' if args.poison_freed else ''}")
     for name, c in checks.items():
         print(f"{name}: {c['requests_exact']}/{len(ref)} requests equal the request alone in "
               f"eager exactly, {c['near_tie_divergences']} near-tie divergence(s), "
@@ -395,8 +398,9 @@ def report(args, cfg: DemoConfig, results: dict[str, Any], ref, runners: dict[st
                           "tokens_per_step": graph["tokens_per_step"]},
             "ok": ok, "near_ties": check["near_ties"], "mismatches": check["mismatches"],
             "eager_check": checks["eager"], "eager": strip(eager), "torchair": strip(graph),
-            "kv_blocks": {"blocks": pool.num_blocks - 1, "handed_out": pool.handed_out,
-                          "reused": pool.reused, "poisoned": args.poison_freed},
+            "kv_blocks": {"blocks": pool.num_blocks - 1,
+                          "handed_out": stats["blocks_handed_out"],
+                          "reused": stats["blocks_reused"], "poisoned": args.poison_freed},
             "tokens": graph["tokens"], "reference_tokens": [t for t, _ in ref],
             "config": {k: v for k, v in vars(args).items() if k != "sync"},
             "model": dataclasses.asdict(cfg), "wall_s": wall, "torch": torch.__version__,

@@ -80,6 +80,8 @@ class Stats:
     emitted: int = 0  # tokens the decode steps produced (the prefills' first tokens not counted)
     request_steps: int = 0  # (request, decode step) pairs
     max_blocks_in_use: int = 0
+    blocks_handed_out: int = 0  # KV blocks allocated during the run
+    blocks_reused: int = 0  # of them, blocks that had been freed before
     batch_sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # real rows -> steps
     graph_sizes: dict[int, int] = dataclasses.field(default_factory=dict)  # run size -> steps
     drafts: dict[int, int] = dataclasses.field(default_factory=dict)  # drafts -> request-steps
@@ -119,8 +121,10 @@ class Runner:
         self.graph_sizes = list(graph_sizes) if graph_sizes is not None else None
         self.device = device
         self.on_first_call: Callable[[str, tuple], None] | None = None  # gear marks
+        # sees every step's tokens (tensor parallel: the ranks compare them at every step)
+        self.on_result: Callable[[str, list[list[int]]], None] | None = None
 
-    def _inputs(self, rows: list[tuple[list[int], list[int], list[int], list[int], int, int]],
+    def inputs(self, rows: list[tuple[list[int], list[int], list[int], list[int], int, int]],
                 s: int, with_q_lens: bool) -> tuple:
         """Step inputs from per-row (tokens, positions, slots, table, q_len, kv_len); each row's
         lists padded to ``s`` with null-block positions."""
@@ -144,7 +148,10 @@ class Runner:
     def _call(self, kind: str, fn: Callable, args: tuple) -> list[list[int]]:
         if self.on_first_call is not None:
             self.on_first_call(kind, args)
-        return fn(*args).tolist()
+        out = fn(*args).tolist()
+        if self.on_result is not None:
+            self.on_result(kind, out)
+        return out
 
     def null_rows(self, n: int) -> list:
         """``n`` padding rows: null-block writes, one position attended."""
@@ -174,7 +181,7 @@ class Runner:
         stats.rows += len(rows)
         stats.padded_rows += padding
         out = self._call("decode", self.decode_fn,
-                         self._inputs(rows, self.query_len, self.query_len > 1))
+                         self.inputs(rows, self.query_len, self.query_len > 1))
         return [o[:1 + len(d)] for o, d in zip(out, drafts)]
 
     def prefill(self, r: Request, stop: int, stats: Stats) -> int:
@@ -188,7 +195,7 @@ class Runner:
         stats.prefill_chunks += 1
         stats.prefill_tokens += s
         stats.padded_prefill_tokens += s - (stop - start)
-        out = self._call("prefill", self.prefill_fn, self._inputs([row], s, True))
+        out = self._call("prefill", self.prefill_fn, self.inputs([row], s, True))
         return out[0][stop - start - 1]
 
     def warm_up(self) -> None:
@@ -198,9 +205,9 @@ class Runner:
             return
         for size in self.graph_sizes:
             self._call("decode", self.decode_fn,
-                       self._inputs(self.null_rows(size), self.query_len, self.query_len > 1))
+                       self.inputs(self.null_rows(size), self.query_len, self.query_len > 1))
         self._call("prefill", self.prefill_fn,
-                   self._inputs(self.null_rows(1), self.prefill_chunk, True))
+                   self.inputs(self.null_rows(1), self.prefill_chunk, True))
 
 
 def _accept(r: Request, drafts: list[int], preds: list[int]) -> int:
@@ -226,6 +233,7 @@ def serve(runner: Runner, workload: Sequence[tuple[list[int], int]], *, max_batc
     running: list[Request] = []
     finished: list[Request] = []
     stats = Stats()
+    handed_out, reused = pool.handed_out, pool.reused
     start = time.perf_counter()
     pieces = runner.graph_sizes if runner.graph_sizes is not None else [max_batch]
     while waiting or running:
@@ -267,5 +275,7 @@ def serve(runner: Runner, workload: Sequence[tuple[list[int], int]], *, max_batc
             if on_progress is not None:
                 on_progress(len(finished))
     wall = time.perf_counter() - start
+    stats.blocks_handed_out = pool.handed_out - handed_out
+    stats.blocks_reused = pool.reused - reused
     finished.sort(key=lambda r: r.rid)
     return finished, stats, wall

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import torchair.ops
-from torchair.demo.model import EPS, Decoder, _rotate
+from torchair.demo.model import EPS, Decoder, rotate
 
 __all__ = ["ServeStep"]
 
@@ -63,8 +63,8 @@ class ServeStep(torch.nn.Module):
             a, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, layer.attn_norm, EPS)
             q, k, v = layer.q_proj(a), layer.k_proj(a), layer.v_proj(a)
             if cfg.rope:
-                q = _rotate(q.view(batch, s, heads, cfg.head_dim), cos, sin).view(batch, s, -1)
-                k = _rotate(k.view(batch, s, kv_heads, cfg.head_dim), cos, sin)
+                q = rotate(q.view(batch, s, heads, cfg.head_dim), cos, sin).view(batch, s, -1)
+                k = rotate(k.view(batch, s, kv_heads, cfg.head_dim), cos, sin)
             k_pool.view(-1, kv_hidden).index_copy_(0, rows, k.reshape(batch * s, kv_hidden))
             v_pool.view(-1, kv_hidden).index_copy_(0, rows, v.reshape(batch * s, kv_hidden))
             attn, _ = torchair.ops.npu_fused_infer_attention_score(
@@ -72,7 +72,7 @@ class ServeStep(torch.nn.Module):
                 block_table=block_table, block_size=cfg.block_size, num_heads=heads,
                 num_key_value_heads=kv_heads, input_layout="BSH", scale=cfg.head_dim ** -0.5,
                 sparse_mode=3 if s > 1 else 0)
-            delta = layer._reduce(layer.o_proj(attn))
+            delta = layer.reduce_partial(layer.o_proj(attn))
             m, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, layer.mlp_norm, EPS)
             delta = layer.mlp(m)
         h, _, _ = torch.ops.npu.npu_add_rms_norm(residual, delta, dec.norm, EPS)

@@ -10,9 +10,9 @@ them through the same near-tie check as one process, prints the table and writes
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,24 @@ from torchair.demo.model import Decoder, DemoConfig, shard
 from torchair.demo.serve_step import ServeStep
 
 __all__ = ["rank_main"]
+
+
+def _agreement(world: int, device: str) -> Callable[[str, list[list[int]]], None]:
+    """A check run after every step on every rank: the ranks' tokens are gathered and compared,
+    so a disagreement stops every rank at that step with an error (instead of ranks taking
+    different steps and waiting on each other's collectives until the timeout)."""
+    steps = [0]
+
+    def check(kind: str, out: list[list[int]]) -> None:
+        steps[0] += 1
+        mine = torch.tensor([t for row in out for t in row], dtype=torch.int64, device=device)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        if not all(torch.equal(t, mine) for t in everyone):
+            raise RuntimeError(f"tensor-parallel ranks disagree on the tokens of {kind} step "
+                               f"{steps[0]}: {[t.tolist() for t in everyone]}")
+
+    return check
 
 
 def rank_main(args, result_path: str, rank: int, world: int, backend: str, start: float) -> int:
@@ -49,7 +67,7 @@ def rank_main(args, result_path: str, rank: int, world: int, backend: str, start
     try:
         with torch.no_grad(), serve.cache_dir_of(args) as cache_dir:  # entries per rank inside
             # the other ranks wait for rank 0 in their first all-reduce meanwhile
-            ref = (serve.reference(args, cfg, ServeStep(full), load, dtype,
+            ref = (serve.reference(args, cfg, full, load, dtype,
                                    on_progress=lambda n: bar.update(
                                        n, f"reference (TP=1, each request alone): {n}/{len(load)}",
                                        milestone=n == len(load)))
@@ -57,6 +75,8 @@ def rank_main(args, result_path: str, rank: int, world: int, backend: str, start
             model = ServeStep(shard(full, world, rank, dist.group.WORLD).eval())
             del full
             runners = serve.build(args, model.cfg, model, dtype, cache_dir)
+            for runner in runners.values():
+                runner.on_result = _agreement(world, args.device)
             results = serve.run_rounds(args, runners, load, bar)
     finally:
         bar.close()
@@ -66,7 +86,7 @@ def rank_main(args, result_path: str, rank: int, world: int, backend: str, start
     if not lead:
         return 0
     agree = all(other == mine for other in everyone)
-    code = serve.report(args, dataclasses.replace(model.cfg), results, ref, runners,
+    code = serve.report(args, model.cfg, results, ref, runners,
                         time.perf_counter() - start,
                         extra={"tp": world, "backend": backend, "ranks_agree": agree})
     with open(result_path, "w", encoding="utf-8") as f:
