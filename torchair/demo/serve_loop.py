@@ -125,7 +125,7 @@ class Runner:
         self.on_result: Callable[[str, list[list[int]]], None] | None = None
 
     def inputs(self, rows: list[tuple[list[int], list[int], list[int], list[int], int, int]],
-                s: int, with_q_lens: bool) -> tuple:
+               s: int, with_q_lens: bool) -> tuple:
         """Step inputs from per-row (tokens, positions, slots, table, q_len, kv_len); each row's
         lists padded to ``s`` with null-block positions."""
         tokens, positions, slots, table, q_lens, kv_lens = [], [], [], [], [], []
