@@ -247,13 +247,18 @@ def write_plot(report: Mapping[str, Any], path: Path) -> Path | None:
     ax.set_xticklabels([str(b) for b in ds["batches"]])
     ax.set_xlabel("batch")
     ax.set_ylabel("median step latency (us)")
-    ax.set_title(_plot_title("decode step", report), fontsize=10)
+    return _save(fig, ax, _plot_title("decode step", report), path)
+
+
+
+def _save(fig, ax, title: str, path: Path) -> Path:
+    """Title, grid and legend of a report plot, saved to ``path``."""
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
-
 
 
 def write_serve_plot(report: Mapping[str, Any], path: Path) -> Path | None:
@@ -280,9 +285,4 @@ def write_serve_plot(report: Mapping[str, Any], path: Path) -> Path | None:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("concurrency (--max-batch)")
     ax.set_ylabel("generated tokens/s")
-    ax.set_title(_plot_title("serving", report), fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, ax, _plot_title("serving", report), path)

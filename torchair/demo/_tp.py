@@ -141,10 +141,7 @@ def _worker(args, result_path: str, rank: int, world: int, backend: str, start: 
     lead = rank == 0
     say = print if lead else (lambda *a, **k: None)
     dtype = step.DTYPES[args.dtype]
-    cfg = DemoConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                     kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab,
-                     block_size=args.block_size, max_len=args.prompt_len + args.steps,
-                     rope=not args.no_rope)
+    cfg = step.model_config(args, args.prompt_len + args.steps)
     say(f"torchair demo --tp {world}: {step.describe(args, cfg)}")
     say(f"tensor parallel over {world} ranks ({backend}): q/k/v and gate/up column-parallel "
         f"({cfg.heads // world} heads / {cfg.kv_heads // world} KV heads / "
@@ -156,10 +153,7 @@ def _worker(args, result_path: str, rank: int, world: int, backend: str, start: 
         + (" (the --tp default: Inductor builds on every rank are slow on a few CPU cores; "
            "--engine inductor to use it)" if args.engine_defaulted else ""), flush=True)
 
-    torch.manual_seed(args.seed)  # the full model of --tp 1, then this rank's shard
-    full = Decoder(cfg).to(device=args.device, dtype=dtype).eval()
-    for param in full.parameters():
-        param.requires_grad_(False)
+    full = step.seeded_decoder(args, cfg, args.device)  # the --tp 1 model, then this rank's shard
     model = shard(full, world, rank, dist.group.WORLD).eval()
     for param in model.parameters():
         param.requires_grad_(False)

@@ -36,7 +36,7 @@ import torch._dynamo
 import torchair
 from torchair.demo import _tp, serve, step
 from torchair.demo._progress import Bar
-from torchair.demo.model import Decoder, DemoConfig, PagedKVCache
+from torchair.demo.model import PagedKVCache
 from torchair.demo.roofline import read_bandwidth
 
 __all__ = ["main"]
@@ -183,11 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_args(parser, args)
     start = time.perf_counter()
-    max_len = args.prompt_len + args.steps
-    cfg = DemoConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                     kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab,
-                     block_size=args.block_size, max_len=max_len, rope=not args.no_rope,
-                     tp=args.tp, experts=args.experts, top_k=args.top_k)
+    cfg = step.model_config(args, args.prompt_len + args.steps, tp=args.tp)
     try:
         cfg.check()
     except ValueError as err:
@@ -212,10 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.engine} engine; {args.prompt_len} prompt tokens prefilled eagerly, "
           f"{args.steps} tokens generated greedily", flush=True)
 
-    torch.manual_seed(args.seed)
-    model = Decoder(cfg).to(device=device, dtype=dtype).eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
+    model = step.seeded_decoder(args, cfg, device)
     compiled = step.compile_step(model, args.engine)
     cache_dir = None if args.no_cache_compile else tempfile.mkdtemp(prefix="torchair-demo-")
     try:

@@ -325,10 +325,7 @@ def main(args, cfg: DemoConfig) -> int:
           f"{args.max_batch} per decode batch, graph batch sizes {args.graph_batch_sizes}, "
           f"prefill chunks of {args.prefill_chunk}{spec}; {args.rounds} round(s) each, "
           f"{args.engine} engine", flush=True)
-    torch.manual_seed(args.seed)
-    decoder = Decoder(cfg).to(device=args.device, dtype=dtype).eval()
-    for param in decoder.parameters():
-        param.requires_grad_(False)
+    decoder = step.seeded_decoder(args, cfg, args.device)
     model = ServeStep(decoder)
     load = workload(args)
     bar = Bar(args.requests * (2 * args.rounds + 1), enabled=not args.no_progress)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from torchair.demo import serve, step
 from torchair.demo._progress import Bar
-from torchair.demo.model import Decoder, DemoConfig, shard
+from torchair.demo.model import shard
 from torchair.demo.serve_step import ServeStep
 
 __all__ = ["rank_main"]
@@ -50,18 +50,12 @@ def rank_main(args, result_path: str, rank: int, world: int, backend: str, start
     lead = rank == 0
     say = print if lead else (lambda *a, **k: None)
     dtype = step.DTYPES[args.dtype]
-    cfg = DemoConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
-                     kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab,
-                     block_size=args.block_size, max_len=serve.max_positions(args),
-                     rope=not args.no_rope)
+    cfg = step.model_config(args, serve.max_positions(args))
     say(f"torchair demo --serve --tp {world}: {step.describe(args, cfg)}")
     say(f"tensor parallel over {world} ranks ({backend}), {args.engine} engine; "
         f"{args.requests} requests, graph batch sizes {args.graph_batch_sizes}, prefill chunks "
         f"of {args.prefill_chunk}, speculate {args.speculate}", flush=True)
-    torch.manual_seed(args.seed)
-    full = Decoder(cfg).to(device=args.device, dtype=dtype).eval()
-    for param in full.parameters():
-        param.requires_grad_(False)
+    full = step.seeded_decoder(args, cfg, args.device)
     load = serve.workload(args)
     bar = Bar(args.requests * (2 * args.rounds + 1), enabled=lead and not args.no_progress)
     try:

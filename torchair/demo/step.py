@@ -33,6 +33,23 @@ class Run:
     seconds: list[float] = dataclasses.field(default_factory=list)
 
 
+def model_config(args, max_len: int, tp: int = 1) -> DemoConfig:
+    """The decoder's shape from the command line, covering ``max_len`` positions."""
+    return DemoConfig(layers=args.layers, hidden=args.hidden, heads=args.heads,
+                      kv_heads=args.kv_heads, intermediate=args.intermediate, vocab=args.vocab,
+                      block_size=args.block_size, max_len=max_len, rope=not args.no_rope, tp=tp,
+                      experts=args.experts, top_k=args.top_k)
+
+
+def seeded_decoder(args, cfg: DemoConfig, device: str) -> Decoder:
+    """The demo's decoder with ``--seed``'s random weights, in ``--dtype``, for inference."""
+    torch.manual_seed(args.seed)
+    model = Decoder(cfg).to(device=device, dtype=DTYPES[args.dtype]).eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    return model
+
+
 def step_inputs(run: Run, position: int, batch: int, device: str) -> tuple:
     positions = torch.full((batch,), position, dtype=torch.int64, device=device)
     return (run.token, positions, run.cache.slots(position), run.table, [position + 1],
