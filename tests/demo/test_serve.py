@@ -51,6 +51,11 @@ def test_every_request_matches_itself_alone_in_eager(tmp_path, speculate, capsys
     out = capsys.readouterr().out
     assert "torchair (cached)" in out and "recompiles after warm-up" in out
     assert result["torchair"]["dynamo_compiles"] == 2  # decode (all gears) + prefill chunk
+    decode, prefill = result["torchair"]["graphs"]  # one static unit per gear, and the chunk
+    assert decode["build_static"] and prefill["build_static"] and decode["path"] == 4
+    assert len(decode["built_gears"]) == 3 and "L_tokens_[0]=4" in decode["built_gears"][-1]
+    assert prefill["built_gears"] == [] and prefill["path"] == 1  # every dim static
+    assert out.count("built: static (path 4;") == 1 and out.count("built: static (path 1;") == 1
     spec = result["speculate"]
     assert spec["k"] == speculate
     assert result["padding_waste"] == result["torchair"]["padding_waste"] > 0
@@ -363,6 +368,7 @@ def test_a_second_process_serves_warm_from_the_cache_dir(tmp_path):
         results.append(json.loads(path.read_text()))
     cold, warm = results
     assert cold["torchair"]["dynamo_compiles"] == 2 and warm["torchair"]["dynamo_compiles"] == 0
+    assert len(cold["torchair"]["graphs"]) == 2
     for result in results:
         _check_served(result)
     assert warm["tokens"] == cold["tokens"]

@@ -239,6 +239,7 @@ def run_rounds(args, runners: dict[str, Runner], load, bar: Bar) -> dict[str, An
     """Warm up, then serve ``load`` ``args.rounds`` times with each runner, alternating which
     goes first. Returns per runner: the median metrics, the tokens and whether rounds agree."""
     graphs_start = step.dynamo_graphs()
+    reports_start = len(torchair.graph_reports())
     with bar.waiting(f"warming up: compiling the decode step (gears {args.graph_batch_sizes}) "
                      f"and the prefill chunk ({args.engine} engine), one untimed round each"):
         for runner in runners.values():
@@ -271,6 +272,11 @@ def run_rounds(args, runners: dict[str, Runner], load, bar: Bar) -> dict[str, An
     # recompile of a torchair step
     out["torchair"]["recompiles_after_warmup"] = step.dynamo_graphs() - warm
     out["eager"]["dynamo_compiles"] = out["eager"]["recompiles_after_warmup"] = 0
+    # what the backend built for the decode and prefill steps (none on a warm start)
+    out["torchair"]["graphs"] = [
+        {k: v for k, v in step.summary(r, 0, 0).items() if k not in ("dynamo_compiles",
+                                                                     "recompiles")}
+        for r in torchair.graph_reports()[reports_start:]]
     return out
 
 
@@ -354,8 +360,17 @@ def report(args, cfg: DemoConfig, results: dict[str, Any], ref, runners: dict[st
     print(_table(eager, graph, args.speculate))
     print(f"TTFT counts from the start (all requests arrive at once); TPOT = a request's time "
           f"after its first token / its later tokens; torchair = decode at graph batch sizes "
-          f"{args.graph_batch_sizes} and prefill chunks of {args.prefill_chunk}, both compiled "
-          f"on path 4 and served with {'torch.compile' if args.no_cache_compile else 'cache_compile'}")
+          f"{args.graph_batch_sizes} (path 4, one static unit per gear) and prefill chunks of "
+          f"{args.prefill_chunk} (one static unit), served with "
+          f"{'torch.compile' if args.no_cache_compile else 'cache_compile'}")
+    for g in graph["graphs"]:
+        print(f"built: {'static' if g['build_static'] else 'NOT static'} (path {g['path']}; "
+              f"{g['launch']}, {g['engine']} engine), gears: "
+              f"{'; '.join(g['built_gears']) or 'none (one shape)'}")
+        for reason in g["reasons"]:
+            print(f"  why not static: {reason}")
+    if not graph["graphs"]:
+        print("built: nothing in this process (every step came from the cache_compile entries)")
     pool, stats = runners["torchair"].pool, graph["stats"]
     print(f"KV blocks (torchair, one round): {pool.num_blocks - 1} + the null block; "
           f"{stats['blocks_handed_out']} handed out, {stats['blocks_reused']} of them reused after "
