@@ -12,6 +12,11 @@ import traceback
 
 def worker(rank: int, world: int, port: int, export_path: str, out_dir: str) -> None:
     result: dict = {}
+    # each rank its own Inductor cache: the two ranks compile the same graph at the same time.
+    # Once, in a full suite run, rank 0's package failed in its all_reduce's wait right after
+    # Inductor warned "Loading outdated pt2 file"; both ranks writing one cache at once is the
+    # likely cause, and a private cache rules it out
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(out_dir, f"inductor-rank{rank}")
     try:
         import torch
         import torch.distributed as dist

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from pathlib import Path
 
 import _export_models as models  # noqa: E402 - beside this file (pytest puts it on sys.path)
 import pytest
@@ -141,7 +142,7 @@ def rank_world(tmp_path_factory):
     state = {"ctx": ctx, "tmp": tmp_path, "export_path": export_path, "joined": False}
     yield state
     if not state["joined"]:
-        _join(ctx, deadline=_DEADLINE)
+        _join(ctx, deadline=_DEADLINE, out_dir=tmp_path)
 
 
 # the ranks' two AOTInductor builds share 2 cores with the module's own exports: about 30 s alone,
@@ -149,13 +150,26 @@ def rank_world(tmp_path_factory):
 _DEADLINE = 480
 
 
-def _join(ctx, deadline: float) -> None:
+def _join(ctx, deadline: float, out_dir: Path | None = None) -> None:
     start = time.monotonic()
     while not ctx.join(timeout=5):  # raises ProcessRaisedException when a rank failed
-        if time.monotonic() - start > deadline:
+        failed = _rank_error(out_dir)  # a rank that caught an error exits 0: the other waits
+        if failed or time.monotonic() - start > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail(f"the 2-rank export did not finish in {deadline} s")
+            pytest.fail(failed or f"the 2-rank export did not finish in {deadline} s")
+
+
+def _rank_error(out_dir: Path | None) -> str | None:
+    """The first rank's error written to ``rank{r}.json`` in ``out_dir``, if any."""
+    for path in sorted(out_dir.glob("rank*.json")) if out_dir is not None else ():
+        try:
+            error = json.loads(path.read_text()).get("error")
+        except ValueError:  # being written
+            continue
+        if error:
+            return f"{path.stem} failed:\n{error}"
+    return None
 
 
 def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
@@ -163,7 +177,7 @@ def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
     package per rank; here dynamic (run at a second size) with the weights in a blob."""
     tmp_path, export_path = rank_world["tmp"], rank_world["export_path"]
     rank_world["joined"] = True
-    _join(rank_world["ctx"], deadline=_DEADLINE)
+    _join(rank_world["ctx"], deadline=_DEADLINE, out_dir=tmp_path)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, result in enumerate(results):
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
