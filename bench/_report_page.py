@@ -250,7 +250,6 @@ def write_plot(report: Mapping[str, Any], path: Path) -> Path | None:
     return _save(fig, ax, _plot_title("decode step", report), path)
 
 
-
 def _save(fig, ax, title: str, path: Path) -> Path:
     """Title, grid and legend of a report plot, saved to ``path``."""
     ax.set_title(title, fontsize=10)
