@@ -205,15 +205,17 @@ def _insert(text: str, at: int, body: str) -> str:
 
 # ------------------------------------------------------------------------------ plots
 
-def _figure_class():
-    """matplotlib's ``Figure``, or None (with a message) when matplotlib is not installed."""
+def _axes():
+    """A new report figure and its axes, or None (with a message) when matplotlib is not
+    installed."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         print('no plot: matplotlib is not installed (pip install -e ".[bench]"); the JSON and '
               'markdown are written')
         return None
-    return Figure
+    fig = Figure(figsize=(7, 4.5))
+    return fig, fig.add_subplot()
 
 
 def _plot_title(what: str, report: Mapping[str, Any]) -> str:
@@ -231,11 +233,10 @@ def write_plot(report: Mapping[str, Any], path: Path) -> Path | None:
     if not ds or "error" in ds:
         print("no plot: no decode step results")
         return None
-    Figure = _figure_class()
-    if Figure is None:
+    made = _axes()
+    if made is None:
         return None
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.add_subplot()
+    fig, ax = made
     for name in ds["variants"]:
         pts = [(b, m) for b, m in zip(ds["batches"], ds["median_us"][name]) if m is not None]
         if pts:
@@ -268,11 +269,10 @@ def write_serve_plot(report: Mapping[str, Any], path: Path) -> Path | None:
             v is not None for side in sv["throughput_tokens_per_s"].values() for v in side):
         print("no serve plot: no serve results")
         return None
-    Figure = _figure_class()
-    if Figure is None:
+    made = _axes()
+    if made is None:
         return None
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.add_subplot()
+    fig, ax = made
     labels = {"eager": "eager", "torchair": f"torchair ({sv['config'].get('engine')} engine)"}
     for side, values in sv["throughput_tokens_per_s"].items():
         pts = [(c, v) for c, v in zip(sv["concurrency"], values) if v is not None]

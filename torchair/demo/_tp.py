@@ -92,9 +92,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
               f"{r['graph_x_floor']:.1f}", f"{r['graph_first_call_s']:.2f}",
               yes(r["ranks_agree"]), yes(r["tokens_equal"], r["first_mismatch"]),
               yes(r["equal_tp1"], r["first_mismatch_tp1"])] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    line = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
+    return step.format_table(headers, cells)
 
 
 def worker(args, result_path: str) -> NoReturn:

@@ -167,8 +167,8 @@ class Layer(torch.nn.Module):
     def forward(self, residual, delta, cos, sin, slots, block_table, lens, k_pool, v_pool):
         a, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.attn_norm,
                                                         EPS)
-        delta = self.reduce_partial(self.o_proj(self.attention(a, cos, sin, slots, block_table, lens,
-                                                        k_pool, v_pool)))
+        delta = self.reduce_partial(self.o_proj(self.attention(a, cos, sin, slots, block_table,
+                                                               lens, k_pool, v_pool)))
         m, _, residual = torch.ops.npu.npu_add_rms_norm(residual, delta, self.mlp_norm,
                                                         EPS)
         return residual, self.mlp(m)

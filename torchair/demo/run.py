@@ -170,9 +170,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
             graph = "graph yes" if r["tokens_equal"] else f"graph {equal}"
             equal = f"{graph}; cached NO (first at {r['cached_first_mismatch']})"
         cells.append(row + [f"{r['graph_first_call_s']:.2f}", equal])
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    line = lambda row: "  ".join(c.rjust(w) for c, w in zip(row, widths))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
+    return step.format_table(headers, cells)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

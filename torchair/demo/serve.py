@@ -61,9 +61,9 @@ def max_positions(args) -> int:
 
 
 def make_pool(args, cfg: DemoConfig, dtype: torch.dtype) -> BlockPool:
-    """Enough blocks for ``--max-batch`` requests of the longest length, plus the null block."""
-    per_req = -(-max_positions(args) // cfg.block_size)
-    return BlockPool(cfg, args.max_batch * per_req + 1, args.device, dtype,
+    """Enough blocks for ``--max-batch`` requests of the longest length (``cfg.max_len`` is
+    :func:`max_positions`), plus the null block."""
+    return BlockPool(cfg, args.max_batch * cfg.blocks_per_seq + 1, args.device, dtype,
                      poison=args.poison_freed)
 
 
@@ -75,7 +75,7 @@ def reference(args, cfg: DemoConfig, decoder: Decoder, load: list[tuple[list[int
     served step's code). Returns each request's tokens and, per generated token, the reference's
     top-2 logit gap relative to the top logit's magnitude and its runner-up token."""
     pool = make_pool(args, cfg, dtype)
-    width = pool.blocks_for(max_positions(args))
+    width = cfg.blocks_per_seq
     dev = args.device
     out = []
     for i, (prompt, max_new) in enumerate(load):
@@ -207,18 +207,14 @@ def _table(eager: dict[str, Any], graph: dict[str, Any], speculate: int) -> str:
             ratio = f"{vals[0] / vals[1]:.2f}x"
         cells.append([label, *text, ratio])
     headers = ["", "eager", "torchair (cached)", "torchair gain"]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    line = lambda row: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                 for i, (c, w) in enumerate(zip(row, widths)))
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
+    return step.format_table(headers, cells, left_first=True)
 
 
 def build(args, cfg: DemoConfig, model: ServeStep, dtype: torch.dtype, cache_dir: str | None
           ) -> dict[str, Runner]:
     """The eager and torchair runners, each with its own KV pool."""
-    width = -(-max_positions(args) // cfg.block_size)
     common = dict(query_len=1 + args.speculate, prefill_chunk=args.prefill_chunk,
-                  table_width=width, device=args.device)
+                  table_width=cfg.blocks_per_seq, device=args.device)
     eager = Runner("eager", model.decode, model.prefill, make_pool(args, cfg, dtype),
                    graph_sizes=None, **common)
     config = step.compiler_config(args.engine)

@@ -197,6 +197,19 @@ def generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: i
     return row
 
 
+def format_table(headers: Sequence[str], cells: Sequence[Sequence[str]],
+                 left_first: bool = False) -> str:
+    """A plain-text table: a header line, a dashed line, one line per row of ``cells``; columns
+    right-aligned (the first left-aligned with ``left_first``), two spaces apart."""
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if left_first and i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(row, widths)))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+
 def first_mismatch(a: torch.Tensor, b: torch.Tensor) -> list[int] | None:
     diff = (a != b).nonzero()
     return None if diff.numel() == 0 else diff[0].tolist()  # [sequence, token]
