@@ -20,12 +20,8 @@ def worker(rank: int, world: int, port: int, export_path: str, out_dir: str) -> 
         import torchair
         from torchair.export import _export
 
-        # each rank AOT-compiles its own package before the first collective; under a loaded
-        # full suite one rank finished over 120 s before the other and its all_reduce timed out
-        # in gloo. The parent's join bounds the whole world (test_dynamo_export._DEADLINE), so
-        # the group may wait as long as that.
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=480))
+                                world_size=world, timeout=datetime.timedelta(seconds=120))
         model = AllReduceModel()
         _export.EXTERNAL_WEIGHTS_BYTES = 0  # as TorchAir's test shrinks its limit
         x, y = torch.ones(4, 2) * (rank + 1), torch.full((4, 2), 0.5)
