@@ -19,8 +19,11 @@ Variants (one step each):
   streamed once per step, as a decode step streams them;
 * ``weights-linear``: ``F.linear`` of the same rows by the same weights (ATen's GEMV).
 
-The KV caches together are at least as large as the weights (``--sets`` is raised when they are
-not), so the KV is never the warmer of the two. GB/s = counted bytes / median step time. The
+Both sides read from memory, not from a cache: the weights are copied into as many sets as it
+takes to fill twice the last-level cache (and at least the weights once), each step reads the
+next set, and ``--sets`` is raised until the KV caches fill the same footprint. (One set of the
+23 MiB weights fits a 32 MiB L3: compared with it, KV read from DRAM looked 3x slower than it
+is.) GB/s = counted bytes / median step time. The
 ratio is the KV's GB/s at batch ``--batch`` over the faster of the two weight variants, from the
 median steps (``ratio``) and from the 10th-percentile steps (``ratio_p10``: steadier when other
 processes share the CPUs). Saves JSON under ``bench/results/kv_read_<machine>[_quick].json``.
@@ -39,6 +42,7 @@ import torch.nn.functional as F
 
 import torchair  # noqa: F401  (registers the ops)
 from bench import _harness
+from torchair.demo import roofline as _roofline
 from torchair.ops.attention.cpu import launch_fakes as _fakes, launch_library as _launch
 from torchair.ops.matmul import cpu as _mm
 
@@ -77,27 +81,39 @@ def _weights() -> list[torch.Tensor]:
     return [torch.randn(*s, generator=g) for s in shapes]
 
 
-def _weight_variants(rows: int) -> tuple[dict[str, Callable[[int], object]], int]:
+def _cold_bytes(weight_bytes: int, quick: bool) -> int:
+    """The footprint each side reads in turn: twice the last-level cache (32 MiB when Linux does
+    not say), at least the weights once; 0 (one set each) for ``--quick``."""
+    if quick:
+        return 0
+    return max(weight_bytes, 2 * (_roofline.last_level_cache_bytes() or 32 * 2**20))
+
+
+def _weight_variants(rows: int, quick: bool
+                     ) -> tuple[dict[str, Callable[[int], object]], int, int, int]:
+    """(variants, weight bytes per step, number of weight sets, bytes of all sets)."""
     weights = _weights()
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    cold = _cold_bytes(nbytes, quick)
+    sets = [weights] + [[w.clone() for w in weights] for _ in range(-(-cold // nbytes) - 1)]
     g = torch.Generator().manual_seed(1)
     xs = {k: torch.randn(rows, k, generator=g) for k in {w.shape[1] for w in weights}}
-    pairs = [(xs[w.shape[1]], w, w.t()) for w in weights]
-    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    pairs = [[(xs[w.shape[1]], w, w.t()) for w in ws] for ws in sets]
 
-    def linear(_: int) -> None:
-        for x, w, _w_t in pairs:
+    def linear(i: int) -> None:
+        for x, w, _w_t in pairs[i % len(pairs)]:
             F.linear(x, w)
 
     variants = {"weights-linear": linear}
     if _mm.available():
         op = _mm.gemv()
 
-        def gemv(_: int) -> None:
-            for x, _w, w_t in pairs:
+        def gemv(i: int) -> None:
+            for x, _w, w_t in pairs[i % len(pairs)]:
                 op(x, w_t)
 
         variants = {"weights-gemv": gemv, **variants}
-    return variants, nbytes
+    return variants, nbytes, len(sets), nbytes * len(sets)
 
 
 def main(argv=None) -> int:
@@ -129,16 +145,19 @@ def main(argv=None) -> int:
     info = _harness.machine_info("cpu")
     _harness.print_machine(info)
     start = time.time()
-    variants, weight_bytes = _weight_variants(args.weight_rows)
+    variants, weight_bytes, weight_sets, footprint = _weight_variants(args.weight_rows,
+                                                                      args.quick)
     nbytes = {name: weight_bytes for name in variants}
-    sets = {}
+    sets = {name: weight_sets for name in variants}
     for batch in dict.fromkeys([args.batch, 1]):
         name = f"kv-b{batch}"
-        variants[name], nbytes[name], sets[name] = _kv_variant(
-            args, batch, 0 if args.quick else weight_bytes)
+        variants[name], nbytes[name], sets[name] = _kv_variant(args, batch, footprint)
     for fn in variants.values():  # warm up (loads and binds every kernel)
         fn(0)
-    rounds = _harness.interleaved_rounds(variants, lambda r: range(args.steps), args.rounds,
+    # the step numbers run on across rounds, so every variant keeps cycling through its sets
+    rounds = _harness.interleaved_rounds(variants,
+                                         lambda r: range(r * args.steps, (r + 1) * args.steps),
+                                         args.rounds,
                                          _harness.synchronizer("cpu"))
     stats = {name: _harness.summarize(r) for name, r in rounds.items()}
     gbps = {name: nbytes[name] / (s["median"] * 1e-6) / 1e9 for name, s in stats.items()}
@@ -157,9 +176,13 @@ def main(argv=None) -> int:
     print(f"\nK/V read speed at batch {args.batch} ({args.layout}) / weights' ({weights_best}): "
           f"{gbps[kv_name]:.1f} / {gbps[weights_best]:.1f} GB/s = {ratio:.2f} (medians; "
           f"p10 steps: {ratio_p10:.2f})")
+    llc = _roofline.last_level_cache_bytes()
+    print(f"each side reads {footprint / 2**20:.0f} MiB in turn (last-level cache: "
+          f"{f'{llc / 2**20:.0f} MiB' if llc else 'not reported'})")
     payload = {"benchmark": "kv_read", "machine": info, "args": vars(args),
                "command": _harness.command_line(), "bytes_per_step": nbytes,
-               "cache_sets": sets, "us_per_step": stats, "gb_per_s": gbps,
+               "cache_sets": sets, "footprint_bytes": footprint,
+               "last_level_cache_bytes": _roofline.last_level_cache_bytes(), "us_per_step": stats, "gb_per_s": gbps,
                "kv_variant": kv_name, "weights_variant": weights_best, "ratio": ratio,
                "ratio_p10": ratio_p10,
                "total_runtime_s": time.time() - start}
