@@ -216,12 +216,31 @@ def test_chained_products_are_all_bound():
         torch.testing.assert_close(bound(*args), gm(*args), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("batch", [1, _mm.MIN_ROWS - 1, _mm.MAX_ROWS + 1])
-def test_other_row_counts_stay_mm(batch):
-    """Below MIN_ROWS ATen's GEMV reads at the memory's speed already; above MAX_ROWS a
-    blocked GEMM wins."""
+@pytest.mark.parametrize("batch", [1, 3, _mm.MAX_ROWS + 1])
+def test_other_row_counts_stay_mm(batch, monkeypatch):
+    """Below MIN_ROWS (4 on an Intel CPU with MKL, whose GEMV reads at the memory's speed
+    already) and above MAX_ROWS (a blocked GEMM wins) the product stays mm."""
+    monkeypatch.setattr(_mm, "MIN_ROWS", 4)
     gm, _ = _traced(_Linears(), torch.randn(batch, 1, 48))
+    assert not _mm.binds_rows(batch)
     assert SmallProductBinder()(gm) == (gm, 0)
+
+
+@pytest.mark.parametrize("vendor, mkl, rows", [("GenuineIntel", True, 4), ("GenuineIntel", False, 1),
+                                               ("AuthenticAMD", True, 1), ("", True, 1)])
+def test_min_rows_follows_the_cpu_whose_blas_runs_few_rows_fast(vendor, mkl, rows):
+    assert _mm.default_min_rows(vendor, mkl) == rows
+
+
+def test_one_row_products_are_bound_where_min_rows_is_one(monkeypatch):
+    """A decode step at batch 1 (AMD's MKL runs a generic GEMV: the kernel is 2-4x faster)."""
+    monkeypatch.setattr(_mm, "MIN_ROWS", 1)
+    torch.manual_seed(0)
+    gm, args = _traced(_Linears(bias=True), torch.randn(1, 1, 48))
+    bound, count = SmallProductBinder()(gm)
+    assert count == 2 and _targets(bound).count(_mm.gemv()) == 2
+    with torch.no_grad():
+        torch.testing.assert_close(bound(*args), gm(*args), rtol=1e-5, atol=1e-5)
 
 
 def test_float64_products_stay_mm():

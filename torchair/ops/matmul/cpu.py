@@ -17,9 +17,10 @@ whose rows are not contiguous in k, a bias that is not N contiguous values) are 
 
 Static units call it for a product with :data:`MIN_ROWS` to :data:`MAX_ROWS` rows (a linear
 layer's ``mm(x, W.t())`` in the graph of a CPU static unit built by the Inductor engine, bound by
-:class:`torchair.runtime.binders.small_products.SmallProductBinder`). Below that ATen's GEMV
-already reads the weight at the memory's speed, above it a BLAS's blocked GEMM is the faster one
-(``bench/bench_small_gemm.py``). The kernel sums in another order than the BLAS, so a bound
+:class:`torchair.runtime.binders.small_products.SmallProductBinder`). ``MIN_ROWS`` is 4 on an
+Intel CPU with MKL, whose GEMV of fewer rows already reads the weight at the memory's speed, and
+1 elsewhere (:func:`default_min_rows`); above ``MAX_ROWS`` a BLAS's blocked GEMM is the faster
+one (``bench/bench_small_gemm.py``). The kernel sums in another order than the BLAS, so a bound
 unit's products can differ from eager's in the last bits (as Inductor's fused kernels do);
 ``TORCHAIR_SMALL_GEMM=0`` keeps ATen's ``mm``.
 
@@ -37,15 +38,47 @@ import torch
 from torchair.base.log import env_switch, logger
 from torchair.ops.toolchain import native as _native
 
-__all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows",
+__all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows", "default_min_rows",
            "gemv", "reference", "vector_bits"]
 
-# Rows of x a static unit's products are bound for. bench/bench_small_gemm.py on the 2-core
-# AVX-512 VM of bench/results (the decode bench's 14 weights, 23 MiB): at 1-3 rows ATen's F.linear
-# already streams the weights at the read bandwidth (the kernel: 0.94-1.02x at 1-2 rows, 0.83x
-# at 3); the kernel is 1.23-1.66x faster at 4-16 rows, 1.16-1.17x at 32, equal at 48 and slower
-# at 64 (a BLAS's blocked GEMM wins once arithmetic dominates).
-MIN_ROWS = 4
+
+
+def default_min_rows(vendor: str | None = None, mkl: bool | None = None) -> int:
+    """The fewest rows static units bind (:data:`MIN_ROWS`): 4 on an Intel CPU whose torch has
+    MKL, else 1. ATen's GEMV of 1-3 rows is MKL's, which takes its vectorized kernels on Intel
+    CPUs only. bench/bench_small_gemm.py, the decode bench's 14 weights (23 MiB):
+
+    * Intel Xeon, AVX-512 (2 cores): F.linear streams the weights at the read bandwidth at 1-3
+      rows (the kernel: 0.94-1.02x at 1-2 rows, 0.83x at 3); the kernel is 1.23-1.66x faster at
+      4-16 rows, 1.16-1.17x at 32, equal at 48, slower at 64;
+    * AMD EPYC, AVX-512 (2 cores): MKL runs its generic ``mkl_blas_def_xsgemv`` (profiled) and
+      the kernel is 3.4-4.3x faster at 1-3 rows (2.0-2.3x on the demo's 4-layer, hidden-256
+      weights).
+
+    ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``) and ``mkl`` default to this machine's."""
+    if vendor is None:
+        vendor = _cpu_vendor()
+    if mkl is None:
+        mkl = torch.backends.mkl.is_available()
+    return 4 if vendor == "GenuineIntel" and mkl else 1
+
+
+def _cpu_vendor() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return "GenuineIntel" if "intel" in platform.processor().lower() else platform.processor()
+
+
+# Rows of x a static unit's products are bound for: from default_min_rows() (1 or 4) to 32 (a
+# BLAS's blocked GEMM wins above, once arithmetic dominates).
+MIN_ROWS = default_min_rows()
 MAX_ROWS = 32
 ENV_SWITCH = "TORCHAIR_SMALL_GEMM"  # 0: static units keep ATen's mm (eager's products, bit for bit)
 _SYMBOLS = ("torchair_gemm_register", "torchair_gemm_vector_bits")

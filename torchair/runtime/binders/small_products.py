@@ -17,8 +17,8 @@ the operator, its last argument the number naming the operator's schema::
     t = aten.permute.default(w, [1, 0])
     y = torchair_native.gemv.default(x, t, b, <abi>)
 
-Fewer rows (ATen's GEMV already reads the weight at the memory's speed) and more (a BLAS's
-blocked GEMM wins) stay ``mm``. The kernel sums in another order than the BLAS, so a bound
+Fewer rows (on an Intel CPU with MKL, whose GEMV of 1-3 rows already reads the weight at the
+memory's speed) and more (a BLAS's blocked GEMM wins) stay ``mm``. The kernel sums in another order than the BLAS, so a bound
 unit's products can differ from eager's in the last bits (as Inductor's fused kernels do);
 ``TORCHAIR_SMALL_GEMM=0`` keeps ATen's ``mm``. The traced graph is never changed: the binder
 returns a rewritten copy.
