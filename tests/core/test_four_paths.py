@@ -113,8 +113,13 @@ def run_steps(path: int, steps, *, write: str = "index_copy", config=None, fullg
             ref = twin(x, p, list(lens), ref_kc, ref_vc)
             torch.testing.assert_close(out, ref, atol=atol, rtol=1e-5,
                                        msg=lambda m: f"path {path} step {step} lens {lens}: {m}")
-            assert torch.equal(kc, ref_kc), f"path {path} step {step}: key cache differs from eager"
-            assert torch.equal(vc, ref_vc), f"path {path} step {step}: value cache differs"
+            if config.debug.run_eagerly:  # eager's kernels: the caches bit for bit
+                assert torch.equal(kc, ref_kc), f"path {path} step {step}: key cache differs"
+                assert torch.equal(vc, ref_vc), f"path {path} step {step}: value cache differs"
+            else:  # a static unit's few-row products (torchair_native::gemv) sum in their order
+                for got, want, name in ((kc, ref_kc, "key"), (vc, ref_vc, "value")):
+                    torch.testing.assert_close(got, want, atol=atol, rtol=1e-5, msg=lambda m, n=name:
+                                               f"path {path} step {step}: {n} cache: {m}")
             outputs.append(out)
     return Run(torchair.graph_reports()[before:], counter.frame_count, outputs)
 

@@ -120,29 +120,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def rank_world(tmp_path_factory):
-    """The 2-rank gloo world, started when the module starts so its two AOT compiles overlap
-    the module's own exports; the test joins it (every wait bounded)."""
+def _start_world(tmp_path: Path):
+    """The 2 rank processes (spawned, not joined), writing rank{r}.json into ``tmp_path``."""
     import _export_world
 
-    tmp_path = tmp_path_factory.mktemp("ranks")
-    export_path = tmp_path / "export_file"
     old = os.environ.get("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL")
     os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"] = WRAPPER_OPT  # read by the ranks
     try:
-        ctx = mp.start_processes(_export_world.worker, args=(2, _free_port(), str(export_path),
-                                                             str(tmp_path)),
-                                 nprocs=2, join=False, start_method="spawn")
+        return mp.start_processes(_export_world.worker,
+                                  args=(2, _free_port(), str(tmp_path / "export_file"),
+                                        str(tmp_path)),
+                                  nprocs=2, join=False, start_method="spawn")
     finally:
         if old is None:
             os.environ.pop("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL")
         else:
             os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"] = old
-    state = {"ctx": ctx, "tmp": tmp_path, "export_path": export_path, "joined": False}
+
+
+@pytest.fixture(scope="module")
+def rank_world(tmp_path_factory):
+    """The 2-rank gloo world, started when the module starts so its two AOT compiles overlap
+    the module's own exports; the test joins it (every wait bounded)."""
+    tmp_path = tmp_path_factory.mktemp("ranks")
+    state = {"ctx": _start_world(tmp_path), "tmp": tmp_path,
+             "export_path": tmp_path / "export_file", "joined": False,
+             "factory": tmp_path_factory}
     yield state
     if not state["joined"]:
-        _join(ctx, deadline=_DEADLINE, out_dir=tmp_path)
+        _join(state["ctx"], deadline=_DEADLINE, out_dir=state["tmp"])
 
 
 # the ranks' two AOTInductor builds share 2 cores with the module's own exports: about 30 s alone,
@@ -150,14 +156,23 @@ def rank_world(tmp_path_factory):
 _DEADLINE = 480
 
 
-def _join(ctx, deadline: float, out_dir: Path | None = None) -> None:
+def _join(ctx, deadline: float, out_dir: Path | None = None) -> str | None:
+    """Wait for both ranks; the first rank's reported error (the other rank is killed), a
+    deadline message, or None when both finished."""
     start = time.monotonic()
     while not ctx.join(timeout=5):  # raises ProcessRaisedException when a rank failed
         failed = _rank_error(out_dir)  # a rank that caught an error exits 0: the other waits
         if failed or time.monotonic() - start > deadline:
             for p in ctx.processes:
                 p.kill()
-            pytest.fail(failed or f"the 2-rank export did not finish in {deadline} s")
+            return failed or f"the 2-rank export did not finish in {deadline} s"
+    return _rank_error(out_dir)
+
+
+# gloo's receive timeout inside the package's all_reduce (its wait_tensor): seen in about 1 of 3
+# full-suite runs on 2 cores, never in the test's own logic; both ranks had reached the
+# collective (a monitored barrier before it passed), so neither compile skew nor a missing rank
+_GLOO_TIMEOUT = "_c10d_functional_wait_tensor"
 
 
 def _rank_error(out_dir: Path | None) -> str | None:
@@ -177,7 +192,13 @@ def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
     package per rank; here dynamic (run at a second size) with the weights in a blob."""
     tmp_path, export_path = rank_world["tmp"], rank_world["export_path"]
     rank_world["joined"] = True
-    _join(rank_world["ctx"], deadline=_DEADLINE, out_dir=tmp_path)
+    failed = _join(rank_world["ctx"], deadline=_DEADLINE, out_dir=tmp_path)
+    if failed and _GLOO_TIMEOUT in failed:  # once more, in a new world; a second failure fails
+        print(f"the 2-rank world timed out in gloo's all_reduce; running it once more:\n{failed}")
+        tmp_path = rank_world["factory"].mktemp("ranks_again")
+        export_path = tmp_path / "export_file"
+        failed = _join(_start_world(tmp_path), deadline=_DEADLINE, out_dir=tmp_path)
+    assert failed is None, failed
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     for rank, result in enumerate(results):
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
