@@ -52,8 +52,8 @@ def default_min_rows(vendor: str | None = None, mkl: bool | None = None) -> int:
       rows (the kernel: 0.94-1.02x at 1-2 rows, 0.83x at 3); the kernel is 1.23-1.66x faster at
       4-16 rows, 1.16-1.17x at 32, equal at 48, slower at 64;
     * AMD EPYC, AVX-512 (2 cores): MKL runs its generic ``mkl_blas_def_xsgemv`` (profiled) and
-      the kernel is 3.4-4.3x faster at 1-3 rows (2.0-2.3x on the demo's 4-layer, hidden-256
-      weights).
+      the kernel is 2.9-4.3x faster at 1-3 rows over two runs (2.0-2.3x on the demo's 4-layer,
+      hidden-256 weights).
 
     ``vendor`` (``/proc/cpuinfo``'s ``vendor_id``) and ``mkl`` default to this machine's."""
     if vendor is None:
