@@ -42,7 +42,6 @@ __all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows", "def
            "gemv", "reference", "vector_bits"]
 
 
-
 def default_min_rows(vendor: str | None = None, mkl: bool | None = None) -> int:
     """The fewest rows static units bind (:data:`MIN_ROWS`): 4 on an Intel CPU whose torch has
     MKL, else 1. ATen's GEMV of 1-3 rows is MKL's, which takes its vectorized kernels on Intel
