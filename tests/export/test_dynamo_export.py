@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -194,7 +195,8 @@ def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
     rank_world["joined"] = True
     failed = _join(rank_world["ctx"], deadline=_DEADLINE, out_dir=tmp_path)
     if failed and _GLOO_TIMEOUT in failed:  # once more, in a new world; a second failure fails
-        print(f"the 2-rank world timed out in gloo's all_reduce; running it once more:\n{failed}")
+        warnings.warn(f"the 2-rank world timed out in gloo's all_reduce; running it once more:"
+                      f"\n{failed}", stacklevel=1)  # in the run's warnings summary
         tmp_path = rank_world["factory"].mktemp("ranks_again")
         export_path = tmp_path / "export_file"
         failed = _join(_start_world(tmp_path), deadline=_DEADLINE, out_dir=tmp_path)
