@@ -147,6 +147,7 @@ def main(argv=None) -> int:
     start = time.time()
     variants, weight_bytes, weight_sets, footprint = _weight_variants(args.weight_rows,
                                                                       args.quick)
+    llc = _roofline.last_level_cache_bytes()  # for the output (the footprint reads it too)
     nbytes = {name: weight_bytes for name in variants}
     sets = {name: weight_sets for name in variants}
     for batch in dict.fromkeys([args.batch, 1]):
@@ -176,13 +177,12 @@ def main(argv=None) -> int:
     print(f"\nK/V read speed at batch {args.batch} ({args.layout}) / weights' ({weights_best}): "
           f"{gbps[kv_name]:.1f} / {gbps[weights_best]:.1f} GB/s = {ratio:.2f} (medians; "
           f"p10 steps: {ratio_p10:.2f})")
-    llc = _roofline.last_level_cache_bytes()
     print(f"each side reads {footprint / 2**20:.0f} MiB in turn (last-level cache: "
           f"{f'{llc / 2**20:.0f} MiB' if llc else 'not reported'})")
     payload = {"benchmark": "kv_read", "machine": info, "args": vars(args),
                "command": _harness.command_line(), "bytes_per_step": nbytes,
                "cache_sets": sets, "footprint_bytes": footprint,
-               "last_level_cache_bytes": _roofline.last_level_cache_bytes(), "us_per_step": stats, "gb_per_s": gbps,
+               "last_level_cache_bytes": llc, "us_per_step": stats, "gb_per_s": gbps,
                "kv_variant": kv_name, "weights_variant": weights_best, "ratio": ratio,
                "ratio_p10": ratio_p10,
                "total_runtime_s": time.time() - start}
