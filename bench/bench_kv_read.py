@@ -20,10 +20,12 @@ Variants (one step each):
 * ``weights-linear``: ``F.linear`` of the same rows by the same weights (ATen's GEMV).
 
 Both sides read from memory, not from a cache: the weights are copied into as many sets as it
-takes to fill twice the last-level cache (and at least the weights once), each step reads the
-next set, and ``--sets`` is raised until the KV caches fill the same footprint. (One set of the
-23 MiB weights fits a 32 MiB L3: compared with it, KV read from DRAM looked 3x slower than it
-is.) GB/s = counted bytes / median step time. The
+takes to fill 8x the last-level cache (``roofline.COLD_CACHE_MULTIPLE``, as the roofline's read
+bandwidth; at least the weights once), each step reads the next set, and ``--sets`` is raised
+until the KV caches fill the same footprint. (One set of the 23 MiB weights fits a 32 MiB L3:
+compared with it, KV read from DRAM looked 3x slower than it is. At 2x and 4x the L3 still served
+part of the weights' cyclic read: they streamed at 48 and 42-45 GB/s, at 8x and 16x at 37-38.)
+GB/s = counted bytes / median step time. The
 ratio is the KV's GB/s at batch ``--batch`` over the faster of the two weight variants, from the
 median steps (``ratio``) and from the 10th-percentile steps (``ratio_p10``: steadier when other
 processes share the CPUs). Saves JSON under ``bench/results/kv_read_<machine>[_quick].json``.
@@ -82,11 +84,13 @@ def _weights() -> list[torch.Tensor]:
 
 
 def _cold_bytes(weight_bytes: int, quick: bool) -> int:
-    """The footprint each side reads in turn: twice the last-level cache (32 MiB when Linux does
-    not say), at least the weights once; 0 (one set each) for ``--quick``."""
+    """The footprint each side reads in turn: ``COLD_CACHE_MULTIPLE`` (8) times the last-level
+    cache (32 MiB when Linux does not say), at least the weights once; 0 (one set each) for
+    ``--quick``."""
     if quick:
         return 0
-    return max(weight_bytes, 2 * (_roofline.last_level_cache_bytes() or 32 * 2**20))
+    llc = _roofline.last_level_cache_bytes() or 32 * 2**20
+    return max(weight_bytes, _roofline.COLD_CACHE_MULTIPLE * llc)
 
 
 def _weight_variants(rows: int, quick: bool

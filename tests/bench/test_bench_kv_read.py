@@ -31,14 +31,15 @@ def test_quick_run_saves_the_ratio(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("llc_mib", [None, 20, 64])
-def test_both_sides_read_a_footprint_over_twice_the_last_level_cache(monkeypatch, llc_mib):
+def test_both_sides_read_a_footprint_of_8x_the_last_level_cache(monkeypatch, llc_mib):
     # one 23 MiB set of weights fits a 32 MiB L3: read again and again it streams from the
-    # cache, while the KV sets are read from memory, and the ratio compares two memory levels
+    # cache, while the KV sets are read from memory, and the ratio compares two memory levels;
+    # at 2x and 4x the L3 a cyclic read still hit in part (measured), so 8x
     llc = llc_mib and llc_mib * 2**20
     monkeypatch.setattr(bench._roofline, "last_level_cache_bytes", lambda: llc)
     variants, weight_bytes, weight_sets, footprint = bench._weight_variants(1, quick=False)
-    assert footprint == weight_bytes * weight_sets >= 2 * (llc or 32 * 2**20)
-    assert footprint - weight_bytes < 2 * (llc or 32 * 2**20)  # no more sets than it takes
+    assert footprint == weight_bytes * weight_sets >= 8 * (llc or 32 * 2**20)
+    assert footprint - weight_bytes < 8 * (llc or 32 * 2**20)  # no more sets than it takes
     args = argparse.Namespace(heads=8, kv_heads=2, dim=64, kv=64, len=40, layout="BSH", sets=2)
     _step, _nbytes, kv_sets = bench._kv_variant(args, 8, footprint)
     assert kv_sets * 2 * 8 * 64 * 2 * 64 * 4 >= footprint

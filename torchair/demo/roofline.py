@@ -36,6 +36,12 @@ def last_level_cache_bytes() -> int | None:
     return best
 
 
+# A footprint this many times the last-level cache (CPU) or L2 (CUDA) streams from memory: at 2x and
+# 4x a 32 MiB L3 still served part of a cyclic read (bench_kv_read's GEMVs over their weight sets
+# streamed at 48 and 42-45 GB/s, at 8x and 16x at 37-38 GB/s, 2-core AMD EPYC, 2026-11-29).
+COLD_CACHE_MULTIPLE = 8
+
+
 def read_bandwidth(device: str | torch.device = "cpu", *, min_bytes: int = 256 * 2**20,
                    repeats: int = 5, sync: Callable[[], None] | None = None) -> dict[str, Any]:
     """Read bandwidth of ``buf.sum()`` over a float32 buffer of at least ``min_bytes`` and at
@@ -49,7 +55,7 @@ def read_bandwidth(device: str | torch.device = "cpu", *, min_bytes: int = 256 *
         cache = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or None
     else:
         cache = last_level_cache_bytes()
-    nbytes = max(min_bytes, 8 * (cache or 0))
+    nbytes = max(min_bytes, COLD_CACHE_MULTIPLE * (cache or 0))
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     buf.sum()
     sync()
