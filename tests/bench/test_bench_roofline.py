@@ -152,3 +152,12 @@ def test_torchair_mm_variant_builds_with_the_switch_off(monkeypatch):
     assert _mm.ENV_SWITCH not in os.environ  # put back even when the first call raised
     assert "torchair-mm" in bench.ALL_VARIANTS
     assert "torchair-mm" in bench.parse_args(["--device", "cpu"]).variants
+
+
+def test_recompile_limit_covers_every_compiled_variant_of_every_batch():
+    # the default CPU run compiles 8 variants and the Dynamo floor on one code object, per batch:
+    # under Dynamo's default limit (8) the floor's first call failed (fullgraph=True)
+    args = bench.parse_args(["--batch", "1", "8"])
+    compiled = len(args.variants) - 1 + 1  # all but eager, plus the floor
+    assert compiled > torch._dynamo.config.recompile_limit
+    assert bench.recompile_limit(args) >= compiled * 2
