@@ -6,16 +6,19 @@
  * through ctypes, which releases the GIL.
  *
  * Per row r = b * nkv + h (b-major) the G query heads of kv head h read each K and V row once:
- *   scores  S[g][n] = q[g] . k[n]            2 positions x 8 heads register tile, fp32 FMAs,
+ *   scores  S[g][n] = q[g] . k[n]            positions x heads register tile, fp32 FMAs,
  *                                            one transposing tree reduction per tile
- *   softmax          running max / sum per head over chunks of positions (float32)
- *   output  acc[g]  += p[g][n] * v[n]         8 heads x 32 dims register tile
+ *   softmax          running max / sum per head (float32)
+ *   output  acc[g]  += p[g][n] * v[n]         heads x dims register tile
  * Work items are (sequence b, split of its window) pairs run on nthreads OpenMP threads; an item
- * computes every kv head of b, chunk by chunk: the scores of all heads tile by tile (K read
- * position by position, all heads of a position together: in BSH / BSND one contiguous run,
- * where one item per (b, h) read 256 of every 512 bytes at batch 8, 8/2 heads, D 64), then each
- * head's softmax and output. Splits of one row are merged with their maxima at the end; results
- * depend on the shapes and the number of splits only, never on the thread that ran an item.
+ * computes every kv head of b in one pass, tile by tile (fused_*): a tile's K rows (all kv heads
+ * of a position together: in BSH / BSND one contiguous run), scores, softmax and V rows, with the
+ * rows a few positions on prefetched, so K and V stream side by side while the tile computes.
+ * Larger query-head groups (G x D > 512) and bfloat16 K/V with the AVX512-BF16 dot product
+ * (qkdot_*) go chunk by chunk instead (attend, see chunked()): the scores of a chunk, its softmax,
+ * then its output. Splits of one row are merged with their
+ * maxima at the end; results depend on the shapes and the number of splits only, never on the
+ * thread that ran an item.
  * K/V elements are float32, bfloat16, float16 or int8 (converted to float32 in registers).
  * Positions are addressed densely (base + b*sb + h*sh + p*sp) or through a block table
  * (base + table[b][p/bs]*sblk + h*sh + (p%bs)*sp); the head dimension must be contiguous and a
@@ -271,6 +274,162 @@ DEFINE_KIND(bf16, LOAD_BF16)
 DEFINE_KIND(f16, LOAD_F16)
 DEFINE_KIND(i8, LOAD_I8)
 
+#ifndef TILE_AHEAD
+#define TILE_AHEAD 8  /* positions the one-pass kernel prefetches K and V ahead (measured best) */
+#endif
+/* max of lanes l and l ^ k: combines the lanes of one head across a tile's positions */
+#if VW == 16
+static const vi16 XOR_1 = {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14};
+static const vi16 XOR_2 = {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13};
+static const vi16 XOR_4 = {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11};
+static const vi16 XOR_8 = {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7};
+static const vi16 LANE_POS[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+                                 {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7},
+                                 {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+                                 {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}};
+#else
+static const vi16 XOR_1 = {1, 0, 3, 2, 5, 4, 7, 6};
+static const vi16 XOR_2 = {2, 3, 0, 1, 6, 7, 4, 5};
+static const vi16 XOR_4 = {4, 5, 6, 7, 0, 1, 2, 3};
+static const vi16 XOR_8 = {0, 1, 2, 3, 4, 5, 6, 7};
+static const vi16 LANE_POS[4] = {{0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3},
+                                 {0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0}};
+#endif
+static inline int any_gt(v16 x, v16 y) {
+    vi16 gt = x > y;
+    vi16 z = {0};
+    return memcmp(&gt, &z, sizeof gt) != 0;
+}
+static inline v16 xor_max(v16 x, int k) {
+    const vi16 m = k == 1 ? XOR_1 : k == 2 ? XOR_2 : k == 4 ? XOR_4 : XOR_8;
+    return vmax(x, __builtin_shuffle(x, m));
+}
+
+/* One pass over a work item (sequence b, split s, positions [p0, p1)), tile by tile: a tile is
+ * NB = VW / GB positions of every kv head, and each (kv head, group of GB query heads) of the
+ * tile gets its scores (one register tile, as qk_*), softmax and output (acc += weights x V)
+ * before the next tile, while the K and V rows TILE_AHEAD positions on are prefetched: the reads
+ * are spread evenly over the work and the memory streams while it computes. (Measured on a 2-core
+ * EPYC, batch 8, 500 positions, GQA 4:1, D 64: the chunked kernel (attend), which reads a chunk's
+ * K and then its V from cache, took its arithmetic time plus its read time, with the memory idle
+ * through the V pass; this one 10-20% less on 2 threads, though 20-25% more when the KV already
+ * sits in L2/L3. Batching two or four tiles before their V rows took 20-50% more again.)
+ * Online softmax with a lazy max: a tile's weights are exp(score - m), m the largest score of
+ * its head so far, and the sums and acc are rescaled only when a tile raises m. Lane i * GB + j
+ * of a tile's vectors: position i, query head g0 + j. st: 2 * nkv * (G / GB) vectors of this
+ * thread's scratch (the maxima m and the per-lane sums). */
+#define DEFINE_FUSED(NAME, LOAD, GB)                                                              \
+static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64_t p1, v16 *st) { \
+    enum { NB = VW / GB };                                                                        \
+    const int G = a->G, D = a->D, nkv = a->nkv, ng = G / GB;                                      \
+    const int64_t hs = a->sh * a->esize;                                                          \
+    const v16 zero = {0}, lowest = zero - FLT_MAX;                                                \
+    v16 *mv = st, *lv = st + nkv * ng;                                                            \
+    for (int i = 0; i < nkv * ng; i++) mv[i] = lowest, lv[i] = zero;                              \
+    int64_t off[CH];                                                                              \
+    float eb[VW] __attribute__((aligned(64)));                                                    \
+    for (int64_t c0 = p0; c0 < p1; c0 += CH) {                                                    \
+        const int w = (int)(p1 - c0 < CH ? p1 - c0 : CH);                                         \
+        for (int n = 0; n < w; n++) off[n] = row_off(a, b, c0 + n);                               \
+        const uint8_t *drop = a->mask ? a->mask + b * a->mask_stride + c0 : NULL;                 \
+        for (int n = 0; n < w; n += NB) {                                                         \
+            for (int64_t i = c0 + n + TILE_AHEAD; i < c0 + n + TILE_AHEAD + NB && i < p1; i++) {  \
+                const int64_t o = row_off(a, b, i);                                               \
+                prefetch_heads(a, a->k + o, nkv);                                                 \
+                prefetch_heads(a, a->v + o, nkv);                                                 \
+            }                                                                                     \
+            const int nb = w - n < NB ? w - n : NB;                                               \
+            const vi16 lpos = LANE_POS[GB == 1 ? 0 : GB == 2 ? 1 : GB == 4 ? 2 : 3];              \
+            vi16 valid = lpos < nb;                                                               \
+            int keep[NB], any = 0;                                                                \
+            for (int i = 0; i < NB; i++) keep[i] = i < nb, any |= keep[i];                        \
+            if (drop) {                                                                           \
+                any = 0;                                                                          \
+                for (int i = 0; i < NB; i++) keep[i] = keep[i] && !drop[n + i], any |= keep[i];   \
+                for (int l = 0; l < VW; l++) valid[l] = keep[l / GB] ? -1 : 0;                    \
+            }                                                                                     \
+            if (!any) continue;                                                                   \
+            const char *kr[NB], *vr[NB];                                                          \
+            for (int i = 0; i < NB; i++) {                                                        \
+                int64_t o = off[n + (i < nb ? i : 0)];                                            \
+                kr[i] = a->k + o, vr[i] = a->v + o;                                               \
+            }                                                                                     \
+            for (int h = 0; h < nkv; h++) {                                                       \
+                const int r = b * nkv + h;                                                        \
+                const int64_t it = (int64_t)r * a->splits + s;                                    \
+                float *acc = a->part_acc + it * G * D;                                            \
+                const float *q = a->q + (int64_t)r * G * D;                                       \
+                for (int g0 = 0; g0 < G; g0 += GB) {                                              \
+                    v16 t[VW];                                                                    \
+                    for (int j = 0; j < VW; j++) t[j] = zero;                                     \
+                    for (int d = 0; d < D; d += VW) {                                             \
+                        v16 x[NB];                                                                \
+                        for (int i = 0; i < NB; i++) x[i] = LOAD(kr[i] + h * hs, d);              \
+                        for (int j = 0; j < GB; j++) {                                            \
+                            v16 qq = load_f32(q + (int64_t)(g0 + j) * D + d);                     \
+                            for (int i = 0; i < NB; i++) t[i * GB + j] += qq * x[i];              \
+                        }                                                                         \
+                    }                                                                             \
+                    v16 sc = reduce16(t), bv = zero;                                              \
+                    if (a->bias)                                                                  \
+                        for (int l = 0; l < VW; l++) bv[l] = a->bias[(int64_t)r * G + g0 + l % GB]; \
+                    sc = vsel(valid, (sc + bv) * a->scale, lowest);                               \
+                    v16 *m = mv + h * ng + g0 / GB;                                               \
+                    if (any_gt(sc, *m)) {  /* a new max: rescale what was summed against it */    \
+                        v16 tm = sc;                                                              \
+                        for (int k = GB; k < VW; k *= 2) tm = xor_max(tm, k);                     \
+                        v16 mnew = vmax(tm, *m), alpha = vexp(*m - mnew);                         \
+                        *m = mnew;                                                                \
+                        lv[h * ng + g0 / GB] *= alpha;                                            \
+                        for (int j = 0; j < GB; j++)                                              \
+                            if (alpha[j] != 1.0f)                                                 \
+                                for (int d = 0; d < D; d += VW)                                   \
+                                    *(v16u *)(acc + (int64_t)(g0 + j) * D + d) *= alpha[j];       \
+                    }                                                                             \
+                    const v16 e = vsel(valid, vexp(sc - *m), zero);                               \
+                    lv[h * ng + g0 / GB] += e;                                                    \
+                    /* masked positions: weight 0, but 0 * NaN = NaN: their V rows are never read */ \
+                    *(v16 *)eb = e;                                                               \
+                    for (int d = 0; d < D; d += VW) {                                             \
+                        v16 rr[GB];                                                               \
+                        for (int j = 0; j < GB; j++)                                              \
+                            rr[j] = *(v16u *)(acc + (int64_t)(g0 + j) * D + d);                   \
+                        for (int i = 0; i < NB; i++) {                                            \
+                            if (!keep[i]) continue;                                               \
+                            const v16 x = LOAD(vr[i] + h * hs, d);                                \
+                            for (int j = 0; j < GB; j++) rr[j] += eb[i * GB + j] * x;             \
+                        }                                                                         \
+                        for (int j = 0; j < GB; j++)                                              \
+                            *(v16u *)(acc + (int64_t)(g0 + j) * D + d) = rr[j];                   \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    for (int h = 0; h < nkv; h++) {                                                               \
+        const int64_t it = (int64_t)(b * nkv + h) * a->splits + s;                                \
+        for (int g0 = 0; g0 < G; g0 += GB)                                                        \
+            for (int j = 0; j < GB; j++) {                                                        \
+                float l = 0.0f;                                                                   \
+                for (int i = 0; i < NB; i++) l += lv[h * ng + g0 / GB][i * GB + j];               \
+                a->part_m[it * G + g0 + j] = mv[h * ng + g0 / GB][j];                             \
+                a->part_l[it * G + g0 + j] = l;                                                   \
+            }                                                                                     \
+    }                                                                                             \
+}
+#define DEFINE_FUSED_KIND(NAME, LOAD)                                                             \
+    DEFINE_FUSED(NAME, LOAD, 1) DEFINE_FUSED(NAME, LOAD, 2)                                       \
+    DEFINE_FUSED(NAME, LOAD, 4) DEFINE_FUSED(NAME, LOAD, 8)
+DEFINE_FUSED_KIND(f32, LOAD_F32)
+DEFINE_FUSED_KIND(bf16, LOAD_BF16)
+DEFINE_FUSED_KIND(f16, LOAD_F16)
+DEFINE_FUSED_KIND(i8, LOAD_I8)
+typedef void (*fused_fn)(const args_t *, int, int, int64_t, int64_t, v16 *);
+static const fused_fn FUSED[4][4] = {{fused_f32_1, fused_f32_2, fused_f32_4, fused_f32_8},
+                                     {fused_bf16_1, fused_bf16_2, fused_bf16_4, fused_bf16_8},
+                                     {fused_f16_1, fused_f16_2, fused_f16_4, fused_f16_8},
+                                     {fused_i8_1, fused_i8_2, fused_i8_4, fused_i8_8}};
+
 typedef void (*qk_fn)(const args_t *, const float *, const int64_t *, int, float *, int);
 typedef void (*pv_fn)(const args_t *, const char *, const int64_t *, int, int, const float *, int,
                       const uint8_t *, float *);
@@ -405,6 +564,23 @@ static void attend(const args_t *a, int b, int s, int64_t p0, int64_t p1, float 
     }
 }
 
+/* Which kernel a call takes: the one-pass kernel (fused_*), except for bfloat16 K/V with a bfloat16
+ * query where the CPU has the bf16 dot product, and for query-head groups with G x D > 512, whose
+ * one-pass tiles re-read and re-write G x D accumulators every few positions. Measured on cold KV
+ * (2-core EPYC, batch 8, 500 positions, float32, chunked vs one-pass): G x D <= 512: 4:1 x D 64
+ * 151 vs 119 us, 4:1 x D 128 330 vs 318, 2:1 x D 128 601 vs 575, 8:1 x D 64 162 vs 160; G x D
+ * 1024: 16:1 x D 64 111 vs 137-169, 8:1 x D 128 with 4 kv heads 808-828 vs 910-947 (with 1 kv
+ * head the one-pass kernel won, 147-151 vs 127-132: the rule gives that case up). */
+#ifndef FUSED_MAX_GD
+#define FUSED_MAX_GD 512
+#endif
+static int chunked(const args_t *a) {
+#if HAVE_BF16_DOT
+    if (a->bf16_dot && a->kind == KIND_BF16 && a->D % 32 == 0) return 1;
+#endif
+    return a->G * a->D > FUSED_MAX_GD;
+}
+
 /* work item = (sequence b, split s): the s-th of `splits` equal parts of b's window, all its
  * kv heads */
 static void run_item(const args_t *a, int item, float *work) {
@@ -418,7 +594,13 @@ static void run_item(const args_t *a, int item, float *work) {
         for (int g = 0; g < G; g++) a->part_m[it * G + g] = -FLT_MAX, a->part_l[it * G + g] = 0.0f;
         memset(a->part_acc + it * G * D, 0, sizeof(float) * G * D);
     }
-    if (p0 < p1) attend(a, b, s, p0, p1, work);
+    if (p0 >= p1) return;
+    if (chunked(a)) {
+        attend(a, b, s, p0, p1, work);
+    } else {
+        const int wi = G % 8 == 0 ? 3 : G % 4 == 0 ? 2 : G % 2 == 0 ? 1 : 0;
+        FUSED[a->kind][wi](a, b, s, p0, p1, (v16 *)work);
+    }
 }
 
 /* The block ids every row's window reads must name blocks of the cache: returns 0, or -2 with
@@ -467,7 +649,8 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;
     /* per thread: the scores [nkv * G][sw] and the bf16 query [nkv * G * D] (in 64-byte units) */
-    const int64_t per = (int64_t)nkv * G * a.sw + ((int64_t)nkv * G * D + 31) / 32 * 16;
+    const int64_t per = (int64_t)nkv * G * a.sw + ((int64_t)nkv * G * D + 31) / 32 * 16
+                        + 2 * (int64_t)nkv * G * VW;
     float *work = aligned_alloc(64, (size_t)(nthreads * per) * sizeof(float));
     if (!work) return -1;
     /* OpenMP: in a PyTorch process this is PyTorch's own runtime and thread pool (libgomp is
