@@ -16,9 +16,8 @@
  * rows a few positions on prefetched, so K and V stream side by side while the tile computes.
  * Larger query-head groups (G x D > 512) and bfloat16 K/V with the AVX512-BF16 dot product
  * (qkdot_*) go chunk by chunk instead (attend, see chunked()): the scores of a chunk, its softmax,
- * then its output. Splits of one row are merged with their
- * maxima at the end; results depend on the shapes and the number of splits only, never on the
- * thread that ran an item.
+ * then its output. Splits of one row are merged with their maxima at the end; results depend on
+ * the shapes and the number of splits only, never on the thread that ran an item.
  * K/V elements are float32, bfloat16, float16 or int8 (converted to float32 in registers).
  * Positions are addressed densely (base + b*sb + h*sh + p*sp) or through a block table
  * (base + table[b][p/bs]*sblk + h*sh + (p%bs)*sp); the head dimension must be contiguous and a
@@ -312,8 +311,8 @@ static inline v16 xor_max(v16 x, int k) {
  * are spread evenly over the work and the memory streams while it computes. (Measured on a 2-core
  * EPYC, batch 8, 500 positions, GQA 4:1, D 64: the chunked kernel (attend), which reads a chunk's
  * K and then its V from cache, took its arithmetic time plus its read time, with the memory idle
- * through the V pass; this one 10-20% less on 2 threads, though 20-25% more when the KV already
- * sits in L2/L3. Batching two or four tiles before their V rows took 20-50% more again.)
+ * through the V pass; this one 10-25% less on 2 threads, though 20-30% more when the KV already
+ * sits in L2/L3. Batching two or four tiles before their V rows took 18-52% more again.)
  * Online softmax with a lazy max: a tile's weights are exp(score - m), m the largest score of
  * its head so far, and the sums and acc are rescaled only when a tile raises m. Lane i * GB + j
  * of a tile's vectors: position i, query head g0 + j. st: 2 * nkv * (G / GB) vectors of this
