@@ -261,18 +261,6 @@ static void pv_##NAME##_##GB(const args_t *a, const char *vb, const int64_t *off
     }                                                                                             \
 }
 
-#define LOAD_F32(p, d) load_f32((p) + 4 * (d))
-#define LOAD_BF16(p, d) load_bf16((p) + 2 * (d))
-#define LOAD_F16(p, d) load_f16((p) + 2 * (d))
-#define LOAD_I8(p, d) load_i8((p) + (d))
-#define DEFINE_KIND(NAME, LOAD)                                                                   \
-    DEFINE_TILES(NAME, LOAD, 1) DEFINE_TILES(NAME, LOAD, 2)                                       \
-    DEFINE_TILES(NAME, LOAD, 4) DEFINE_TILES(NAME, LOAD, 8)
-DEFINE_KIND(f32, LOAD_F32)
-DEFINE_KIND(bf16, LOAD_BF16)
-DEFINE_KIND(f16, LOAD_F16)
-DEFINE_KIND(i8, LOAD_I8)
-
 #ifndef TILE_AHEAD
 #define TILE_AHEAD 8  /* positions the one-pass kernel prefetches K and V ahead (measured best) */
 #endif
@@ -416,13 +404,22 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
             }                                                                                     \
     }                                                                                             \
 }
-#define DEFINE_FUSED_KIND(NAME, LOAD)                                                             \
+
+/* Both kernels' tiles, per K/V element kind (LOAD) and head-group width GB (1, 2, 4, 8). */
+#define LOAD_F32(p, d) load_f32((p) + 4 * (d))
+#define LOAD_BF16(p, d) load_bf16((p) + 2 * (d))
+#define LOAD_F16(p, d) load_f16((p) + 2 * (d))
+#define LOAD_I8(p, d) load_i8((p) + (d))
+#define DEFINE_KIND(NAME, LOAD)                                                                   \
+    DEFINE_TILES(NAME, LOAD, 1) DEFINE_TILES(NAME, LOAD, 2)                                       \
+    DEFINE_TILES(NAME, LOAD, 4) DEFINE_TILES(NAME, LOAD, 8)                                       \
     DEFINE_FUSED(NAME, LOAD, 1) DEFINE_FUSED(NAME, LOAD, 2)                                       \
     DEFINE_FUSED(NAME, LOAD, 4) DEFINE_FUSED(NAME, LOAD, 8)
-DEFINE_FUSED_KIND(f32, LOAD_F32)
-DEFINE_FUSED_KIND(bf16, LOAD_BF16)
-DEFINE_FUSED_KIND(f16, LOAD_F16)
-DEFINE_FUSED_KIND(i8, LOAD_I8)
+DEFINE_KIND(f32, LOAD_F32)
+DEFINE_KIND(bf16, LOAD_BF16)
+DEFINE_KIND(f16, LOAD_F16)
+DEFINE_KIND(i8, LOAD_I8)
+
 typedef void (*fused_fn)(const args_t *, int, int, int64_t, int64_t, v16 *);
 static const fused_fn FUSED[4][4] = {{fused_f32_1, fused_f32_2, fused_f32_4, fused_f32_8},
                                      {fused_bf16_1, fused_bf16_2, fused_bf16_4, fused_bf16_8},
