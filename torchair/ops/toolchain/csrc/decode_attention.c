@@ -278,7 +278,7 @@ static const vi16 LANE_POS[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 
 static const vi16 XOR_1 = {1, 0, 3, 2, 5, 4, 7, 6};
 static const vi16 XOR_2 = {2, 3, 0, 1, 6, 7, 4, 5};
 static const vi16 XOR_4 = {4, 5, 6, 7, 0, 1, 2, 3};
-static const vi16 XOR_8 = {0, 1, 2, 3, 4, 5, 6, 7};
+static const vi16 XOR_8 = {0, 1, 2, 3, 4, 5, 6, 7};  /* never taken at 8 lanes (k < VW) */
 static const vi16 LANE_POS[4] = {{0, 1, 2, 3, 4, 5, 6, 7}, {0, 0, 1, 1, 2, 2, 3, 3},
                                  {0, 0, 0, 0, 1, 1, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0}};
 #endif
