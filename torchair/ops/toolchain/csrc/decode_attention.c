@@ -194,6 +194,23 @@ static inline void prefetch_heads(const args_t *a, const char *p, int heads) {
     for (int i = 0; i < NB && n + i < w; i++)                                                     \
         for (int j = 0; j < GB; j++) Sh[(int64_t)(g0 + j) * sw + n + i] = s[i * GB + j];
 
+/* One register tile of scores, shared by both kernels: lane i * GB + j = q[g0 + j] . (the K row at
+ * rows[i] + roff), NB = VW / GB rows, VW accumulators over d, one reduce16 (a statement
+ * expression of the tile's vector). */
+#define SCORE_TILE(LOAD, GB, NB, rows, roff, q, g0, D) ({                                         \
+    v16 t_[VW];                                                                                   \
+    for (int j = 0; j < VW; j++) t_[j] = (v16){0};                                                \
+    for (int d = 0; d < (D); d += VW) {                                                           \
+        v16 x[NB];                                                                                \
+        for (int i = 0; i < (NB); i++) x[i] = LOAD((rows)[i] + (roff), d);                        \
+        for (int j = 0; j < (GB); j++) {                                                          \
+            v16 qq = load_f32((q) + (int64_t)((g0) + j) * (D) + d);                               \
+            for (int i = 0; i < (NB); i++) t_[i * (GB) + j] += qq * x[i];                         \
+        }                                                                                         \
+    }                                                                                             \
+    reduce16(t_);                                                                                 \
+})
+
 /* Register tiles, instantiated per K/V element kind (LOAD) and head-group width GB (1, 2, 4, 8):
  *   qk: NB = 16 / GB positions x GB heads, 16 accumulators over d, one reduce16 per tile;
  *   pv: GB heads x DT = min(16 / GB, D / 16) vectors of d, 16 accumulators over positions. */
@@ -209,19 +226,7 @@ static void qk_##NAME##_##GB(const args_t *a, const float *qs, const int64_t *of
         for (int h = 0; h < a->nkv; h++) for (int g0 = 0; g0 < G; g0 += GB) {                     \
         const float *q = qs + (int64_t)h * G * D;                                                 \
         float *Sh = S + (int64_t)h * G * sw;                                                      \
-        const char *kr[NB];                                                                       \
-        for (int i = 0; i < NB; i++) kr[i] = k0[i] + h * hs;                                      \
-        v16 acc[VW];                                                                              \
-        for (int j = 0; j < VW; j++) acc[j] = (v16){0};                                           \
-        for (int d = 0; d < D; d += VW) {                                                         \
-            v16 x[NB];                                                                            \
-            for (int i = 0; i < NB; i++) x[i] = LOAD(kr[i], d);                                   \
-            for (int j = 0; j < GB; j++) {                                                        \
-                v16 qq = load_f32(q + (int64_t)(g0 + j) * D + d);                                 \
-                for (int i = 0; i < NB; i++) acc[i * GB + j] += qq * x[i];                        \
-            }                                                                                     \
-        }                                                                                         \
-        v16 s = reduce16(acc);                                                                    \
+        v16 s = SCORE_TILE(LOAD, GB, NB, k0, h * hs, q, g0, D);                                   \
         STORE_SCORES(s, GB)                                                                       \
         }                                                                                         \
     }                                                                                             \
@@ -347,17 +352,7 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
                 float *acc = a->part_acc + it * G * D;                                            \
                 const float *q = a->q + (int64_t)r * G * D;                                       \
                 for (int g0 = 0; g0 < G; g0 += GB) {                                              \
-                    v16 t[VW];                                                                    \
-                    for (int j = 0; j < VW; j++) t[j] = zero;                                     \
-                    for (int d = 0; d < D; d += VW) {                                             \
-                        v16 x[NB];                                                                \
-                        for (int i = 0; i < NB; i++) x[i] = LOAD(kr[i] + h * hs, d);              \
-                        for (int j = 0; j < GB; j++) {                                            \
-                            v16 qq = load_f32(q + (int64_t)(g0 + j) * D + d);                     \
-                            for (int i = 0; i < NB; i++) t[i * GB + j] += qq * x[i];              \
-                        }                                                                         \
-                    }                                                                             \
-                    v16 sc = reduce16(t), bv = zero;                                              \
+                    v16 sc = SCORE_TILE(LOAD, GB, NB, kr, h * hs, q, g0, D), bv = zero;           \
                     if (a->bias)                                                                  \
                         for (int l = 0; l < VW; l++) bv[l] = a->bias[(int64_t)r * G + g0 + l % GB]; \
                     sc = vsel(valid, (sc + bv) * a->scale, lowest);                               \
