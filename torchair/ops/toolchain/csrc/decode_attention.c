@@ -308,16 +308,21 @@ static inline v16 xor_max(v16 x, int k) {
  * sits in L2/L3. Batching two or four tiles before their V rows took 18-52% more again.)
  * Online softmax with a lazy max: a tile's weights are exp(score - m), m the largest score of
  * its head so far, and the sums and acc are rescaled only when a tile raises m. Lane i * GB + j
- * of a tile's vectors: position i, query head g0 + j. st: 2 * nkv * (G / GB) vectors of this
- * thread's scratch (the maxima m and the per-lane sums). */
+ * of a tile's vectors: position i, query head g0 + j. st: 3 * nkv * (G / GB) vectors of this
+ * thread's scratch (the maxima m, the per-lane sums and the score bias, per kv head and group). */
 #define DEFINE_FUSED(NAME, LOAD, GB)                                                              \
 static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64_t p1, v16 *st) { \
     enum { NB = VW / GB };                                                                        \
     const int G = a->G, D = a->D, nkv = a->nkv, ng = G / GB;                                      \
     const int64_t hs = a->sh * a->esize;                                                          \
     const v16 zero = {0}, lowest = zero - FLT_MAX;                                                \
-    v16 *mv = st, *lv = st + nkv * ng;                                                            \
-    for (int i = 0; i < nkv * ng; i++) mv[i] = lowest, lv[i] = zero;                              \
+    v16 *mv = st, *lv = st + nkv * ng, *bias = st + 2 * nkv * ng;                                 \
+    for (int i = 0; i < nkv * ng; i++) {                                                          \
+        mv[i] = lowest, lv[i] = zero, bias[i] = zero;                                             \
+        if (a->bias)  /* row r = b * nkv + i / ng, heads (i % ng) * GB + l % GB */                \
+            for (int l = 0; l < VW; l++)                                                          \
+                bias[i][l] = a->bias[(int64_t)(b * nkv + i / ng) * G + (i % ng) * GB + l % GB];   \
+    }                                                                                             \
     int64_t off[CH];                                                                              \
     float eb[VW] __attribute__((aligned(64)));                                                    \
     for (int64_t c0 = p0; c0 < p1; c0 += CH) {                                                    \
@@ -352,9 +357,8 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
                 float *acc = a->part_acc + it * G * D;                                            \
                 const float *q = a->q + (int64_t)r * G * D;                                       \
                 for (int g0 = 0; g0 < G; g0 += GB) {                                              \
-                    v16 sc = SCORE_TILE(LOAD, GB, NB, kr, h * hs, q, g0, D), bv = zero;           \
-                    if (a->bias)                                                                  \
-                        for (int l = 0; l < VW; l++) bv[l] = a->bias[(int64_t)r * G + g0 + l % GB]; \
+                    v16 sc = SCORE_TILE(LOAD, GB, NB, kr, h * hs, q, g0, D);                      \
+                    const v16 bv = bias[h * ng + g0 / GB];                                        \
                     sc = vsel(valid, (sc + bv) * a->scale, lowest);                               \
                     v16 *m = mv + h * ng + g0 / GB;                                               \
                     if (any_gt(sc, *m)) {  /* a new max: rescale what was summed against it */    \
@@ -639,9 +643,11 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
     int items = batch * splits;
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;
-    /* per thread: the scores [nkv * G][sw] and the bf16 query [nkv * G * D] (in 64-byte units) */
+    /* per thread: the chunked kernel's scores [nkv * G][sw] and bf16 query [nkv * G * D] (in
+     * 64-byte units), or from the start the one-pass kernel's maxima, sums and biases (3 vectors
+     * per head); both sizes are added, a few KiB */
     const int64_t per = (int64_t)nkv * G * a.sw + ((int64_t)nkv * G * D + 31) / 32 * 16
-                        + 2 * (int64_t)nkv * G * VW;
+                        + 3 * (int64_t)nkv * G * VW;
     float *work = aligned_alloc(64, (size_t)(nthreads * per) * sizeof(float));
     if (!work) return -1;
     /* OpenMP: in a PyTorch process this is PyTorch's own runtime and thread pool (libgomp is
