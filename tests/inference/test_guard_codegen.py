@@ -68,12 +68,16 @@ def test_generated_check_agrees_with_the_general_check(tmp_path):
     served = 0
     for args, expected in calls:
         frame = cached.frame(args, {})
-        fast = program(frame, cached.frame.globals)
-        guards.program = None  # the general form
-        try:
-            why, flat = guards.check_arguments(frame, cached.frame.globals)
-        finally:
-            guards.program = program
+        # under no_grad, as cache_compile calls the checks (the program's process-state lines
+        # compare PyTorch's snapshot, grad mode included, and leave any change to the general
+        # form)
+        with torch.no_grad():
+            fast = program(frame, cached.frame.globals)
+            guards.program = None  # the general form
+            try:
+                why, flat = guards.check_arguments(frame, cached.frame.globals)
+            finally:
+                guards.program = program
         if expected is not None:
             assert (why == "") == expected, (args, why)
         if fast is not None:
@@ -82,6 +86,73 @@ def test_generated_check_agrees_with_the_general_check(tmp_path):
             assert all(a is b for a, b in zip(fast, flat)), "the same graph inputs"
         # the general check may serve a call the generated one leaves to it (a memo miss)
     assert served >= 2
+
+
+class _Passthrough(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _deterministic():
+    torch.use_deterministic_algorithms(True)
+    return lambda: torch.use_deterministic_algorithms(False)
+
+
+def _cudnn_tf32():
+    before = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = not before
+
+    def undo():
+        torch.backends.cudnn.allow_tf32 = before
+    return undo
+
+
+def _autocast():
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+    ctx.__enter__()
+    return lambda: ctx.__exit__(None, None, None)
+
+
+def _stack_mode():
+    mode = _Passthrough()
+    mode.__enter__()
+    return lambda: mode.__exit__(None, None, None)
+
+
+def _process_mode():
+    from torchair.core import function_modes
+
+    actives = function_modes.process_actives()
+    active = _Passthrough  # any object: a registered process-wide mode that is active now
+    actives.append(lambda: active)
+    return lambda: actives.pop()
+
+
+@pytest.mark.parametrize("change", [_deterministic, _cudnn_tf32, _autocast, _stack_mode,
+                                    _process_mode], ids=lambda f: f.__name__.strip("_"))
+def test_process_state_changes_pass_the_generated_check_to_the_general_one(tmp_path, change):
+    """The generated function opens with the process state's common case: a call after any
+    change of it (the snapshot's state, autocast, cuDNN TF32, a mode on the thread's stack, an
+    active process-wide mode) gets None from it, and the general check refuses the call; once
+    the change is undone the generated function serves again."""
+    model = _Many().eval()
+    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    good, _ = _calls()
+    with torch.no_grad():
+        for _ in range(3):  # cold call, first served call (full check), first per-call check
+            cached(*good)
+        guards = cached.runtime.guards
+        frame, globals_ = cached.frame(good, {}), cached.frame.globals
+        assert guards.program(frame, globals_) is not None
+        undo = change()
+        try:
+            assert guards.program(frame, globals_) is None
+            why, _ = guards.check_arguments(frame, globals_)
+        finally:
+            undo()
+        assert why, "the general check refuses the changed process state"
+        assert guards.program(frame, globals_) is not None
+        assert guards.check_arguments(frame, globals_)[0] == ""
 
 
 def test_calls_served_through_the_generated_check_equal_eager(tmp_path, monkeypatch):
@@ -119,14 +190,16 @@ def test_no_recorded_text_reaches_the_generated_code(tmp_path):
 
 
 def test_an_uncovered_guard_keeps_the_general_check():
+    from torchair.inference.guards import Sources
+    from torchair.inference.guards.state import ProcessState
+
     class Fake:
         per_call = ([], [], [])
         untensored = [type("G", (), {"code": "device(type='cpu')", "type_of": None,
                                       "obj": None})()]
         memo = type("M", (), {"slots": ()})()
         inputs: list = []
-
-    from torchair.inference.guards import Sources
+        process = ProcessState()
 
     Fake.sources = Sources()
     with pytest.raises(guard_codegen.NotGenerated):

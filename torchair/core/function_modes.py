@@ -19,11 +19,12 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["UnknownMode", "process_modes", "register_cacheable_mode", "register_process_mode",
-           "stack_modes", "stack_tags", "tag_of"]
+__all__ = ["UnknownMode", "process_actives", "process_modes", "register_cacheable_mode",
+           "register_process_mode", "stack_depth", "stack_modes", "stack_tags", "tag_of"]
 
 _KNOWN: dict[type, Callable[[Any], str]] = {}
 _stack_depth = torch._C._len_torch_function_stack
+stack_depth = _stack_depth  # how many torch-function modes this thread's stack holds (C, no frame)
 _stack_at = torch._C._get_function_stack_at
 _PROCESS: list[Callable[[], Any]] = []
 
@@ -78,6 +79,12 @@ def process_modes() -> tuple:
         mode = _PROCESS[0]()
         return () if mode is None else (mode,)
     return tuple(mode for mode in (active() for active in _PROCESS) if mode is not None)
+
+
+def process_actives() -> list[Callable[[], Any]]:
+    """The registered ``active()`` functions themselves (see :func:`register_process_mode`):
+    the live list, so that a check bound to it sees later registrations too."""
+    return _PROCESS
 
 
 def stack_modes() -> tuple:

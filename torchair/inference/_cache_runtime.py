@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from torchair.base.gears import GearDim, GearTable, get_dim_gears
+from torchair.base.gears import DIM_GEARS_ATTR, GearDim, GearTable
 from torchair.inference import _cache_store as store
 from torchair.inference._cache_io import NotCacheable, build_output, graph_outputs, info_from_json, program_from_graph
 from torchair.inference._graph_io import graph_from_json
@@ -153,7 +153,9 @@ class _NumberInputs:
         # is handed back to the caller); one tuple store, so threads see a whole one
         self.last: tuple | None = None
 
-    def __call__(self, flat: list) -> None:
+    def __call__(self, flat: list) -> bool:
+        """Put the tensors in ``flat``; True when they are the last call's (every number the
+        very object it was, so none of them is a tensor the caller passed)."""
         last = self.last
         if last is not None:
             numbers, tensors, versions = last
@@ -163,7 +165,7 @@ class _NumberInputs:
             else:
                 for k, tensor in zip(self.keys, tensors):
                     flat[k] = tensor
-                return
+                return True
         numbers = tuple(flat[k] for k in self.keys)
         for k, wrap in self.items:
             flat[k] = wrap(flat[k])
@@ -171,6 +173,7 @@ class _NumberInputs:
                 isinstance(n, torch.Tensor) for n in numbers):
             tensors = tuple(flat[k] for k in self.keys)
             self.last = (numbers, tensors, tuple(t._version for t in tensors))
+        return False
 
 
 def _returned_inputs(aot: dict) -> set:
@@ -208,6 +211,7 @@ class Runtime:
         # served must carry them, later ones them or none (see check)
         self.gears = _gear_marks(meta["unit"], inputs)
         self.gear_args = list(self.gears.items())  # the inputs checked after the first call
+        self._set_tensor_gear_args()
         self.served = False
         self._check = self.guards.check
         self.aot = meta["aot"]
@@ -258,17 +262,23 @@ class Runtime:
         # first call only
         state = {k for k, _, _ in self.guards.dict_inputs()}
         self.gear_args = [(k, mark) for k, mark in self.gears.items() if k not in state]
+        self._set_tensor_gear_args()
         # inputs whose tensor guard now runs on full checks only get the unit's own checks
         self.checks = _InputChecks(self._input_checks,
                                    self.guards.tensor_inputs(self.n_inputs, per_call=True))
+
+    def _set_tensor_gear_args(self) -> None:
+        # gear_args less the numbers Dynamo passes as tensors: when the number wraps reuse the
+        # last call's tensors (made here, never handed out), those inputs carry no marks
+        self.tensor_gear_args = [(k, mark) for k, mark in self.gear_args
+                                 if k not in self.wrap.keys]
 
     def check(self, frame: dict, globals_: Any) -> tuple[str, list]:
         """("", graph inputs) when the call fits the cached graph, else (why, [])."""
         why, flat = self._check(frame, globals_)
         if why:
             return why, []
-        if self.wrap.keys:
-            self.wrap(flat)
+        reused = self.wrap(flat) if self.wrap.keys else True
         # a static unit with its own input check (torchair.runtime.input_layout) checks the
         # inputs' layout itself, once; when that check fails, __call__ asks these checks why
         if not (self.unit_checks or self.unit_checks is None and self._unit_checks_inputs()):
@@ -276,8 +286,9 @@ class Runtime:
             if why:
                 return why, []
         served = self.served  # read once: another thread may finish the first call meanwhile
-        for k, (name, expected) in (self.gears.items() if not served else self.gear_args):
-            found = get_dim_gears(flat[k])
+        for k, (name, expected) in (self.gears.items() if not served else
+                                    self.tensor_gear_args if reused else self.gear_args):
+            found = getattr(flat[k], DIM_GEARS_ATTR, None)  # (get_dim_gears, inline)
             # as Dynamo's guard on the marks: the first call (this process's "trace") carries
             # the entry's marks; later calls may carry none (a decode step's fresh tensors, as
             # under torch.compile) but not other marks (torch.compile would trace them again)

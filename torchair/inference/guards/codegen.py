@@ -4,8 +4,10 @@
 on every call ``cache_compile`` serves. Its general form walks a list of getter steps and a tree
 of closures per guard: about a hundred small Python calls, each of which, in a decode loop, runs
 with the caches the step's weights evicted (``bench/README.md``). :func:`per_call_program`
-turns the same checks into one straight-line function: every source read is a local variable,
-every guard one expression, the graph inputs one list display.
+turns the same checks into one straight-line function: the process state's common case first
+(:meth:`ProcessState.per_call_lines <torchair.inference.guards.state.ProcessState.per_call_lines>`),
+then every source read is a local variable, every guard one expression, the graph inputs one
+list display.
 
 Only the common case is generated: the per-call tensor guards' memo holds
 (:class:`~torchair.inference.guards.tensors.TensorMemo`) and every check passes. Anything else (a
@@ -49,7 +51,8 @@ class NotGenerated(Exception):
 class PerCallChecks(Protocol):
     """What :func:`per_call_program` reads of a guard set after its ``watch_arguments``:
     ``sources`` and the graph inputs' slots (``inputs``); ``per_call``, the tuple
-    ``(guards, source steps, dict inputs)``; ``memo``, the per-call tensor guards' memo;
+    ``(guards, source steps, dict inputs)``; ``process``, the process state to check first;
+    ``memo``, the per-call tensor guards' memo;
     ``untensored``, the per-call guards it does not imply (each with ``code``, ``type_of``,
     ``obj`` and, when known, ``read``: the source slots it reads); ``tensor_dicts``, read by
     the generated function on every call (graph input -> its module's parameter or buffer dict,
@@ -57,6 +60,7 @@ class PerCallChecks(Protocol):
 
     sources: Sources
     inputs: list[int]
+    process: Any  # a ProcessState: its per_call_lines open the function
     per_call: tuple | None
     memo: TensorMemo | None
     untensored: Sequence[Any]
@@ -69,6 +73,7 @@ _BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: 
         ast.Pow: "**", ast.Div: "/"}
 _ITEM = re.compile(r"\[(?:'[A-Za-z0-9_.]*'|-?[0-9]+)\]")  # a step's suffix: ['name'] or [3]
 _CALL = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)\(\)")
+_VARIABLE = re.compile(r"v[0-9]+")  # a source's local variable in the generated function
 
 
 def _identifier(name: str) -> str:
@@ -206,10 +211,19 @@ class _Writer:
                 and ast.unparse(func.value.func) == "___as_tensor"):
             return f"{self.expr(func.value)}.item()"  # torch 2.11's float guard
         spec = self.spec
+        # identity checks: the type or object that passed last time is tested inline, the
+        # check's own call runs only when it is another one (a variable is read twice, any other
+        # expression goes to the call alone)
         if name == "___check_type_id" and len(node.args) == 2 and spec[0] is not None:
-            return f"{self.bind(TypeIs(tuple(spec[0])), 't')}({self.expr(node.args[0])})"
+            check, value = self.bind(TypeIs(tuple(spec[0])), "t"), self.expr(node.args[0])
+            if _VARIABLE.fullmatch(value):
+                return f"({self.bind(type)}({value}) is {check}.last or {check}({value}))"
+            return f"{check}({value})"
         if name == "___check_obj_id" and len(node.args) == 2 and spec[1] is not None:
-            return f"{self.bind(ObjIs(spec[1]), 'o')}({self.expr(node.args[0])})"
+            check, value = self.bind(ObjIs(spec[1]), "o"), self.expr(node.args[0])
+            if _VARIABLE.fullmatch(value):
+                return f"({value} is {check}.last or {check}({value}))"
+            return f"{check}({value})"
         fn = FUNCTIONS.get(name)
         if fn is None or node.keywords:
             raise NotGenerated(name)  # tensor checks, device(...), .item()
@@ -222,8 +236,9 @@ def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
     Raises :class:`NotGenerated` when some check is outside what it covers."""
     guards, steps, dict_inputs = gs.per_call
     w = _Writer(gs)
-    body = [f"v1 = G if {w.bind(type)}(G) is {w.bind(Globals)} else "
-            f"{w.bind(Globals)}(G)"]
+    # the process state first, as check_arguments' general form compares it before any guard
+    body = gs.process.per_call_lines(w.bind)
+    body.append(f"v1 = G if {w.bind(type)}(G) is {w.bind(Globals)} else {w.bind(Globals)}(G)")
     memo = gs.memo
     # the thread's dispatch-key sets are read for the TENSOR_MATCH guards, which the memo's C++
     # comparison replaces here (it reads them itself): skip that read unless another guard uses

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch.nn.modules import module as nn_module
 
-__all__ = ["module_epoch", "watch_modules"]
+__all__ = ["EPOCH", "module_epoch", "watch_modules"]
 
 _module_epoch = [0]
+EPOCH = _module_epoch  # the counter itself (EPOCH[0]), for a per-call check that reads it inline
 _epoch_hooks: list = []
 
 

@@ -15,8 +15,9 @@ A call goes through one of these check tiers (named so in the DEBUG trace of cal
   fallback of the per-call tiers;
 - the *process-state check* of per-call checks: a call whose process state (grad, autocast,
   function modes...) differs is refused before any guard runs;
-- the *generated program* (:mod:`~torchair.inference.guards.codegen`): the per-call guards as
-  one generated function, serving the common case where they all hold and the tensor memo holds;
+- the *generated program* (:mod:`~torchair.inference.guards.codegen`): the process state's
+  common case and the per-call guards as one generated function, serving the common case where
+  the state is unchanged, every guard holds and the tensor memo holds;
 - the *memo hit*: the general per-call form where the per-call tensor guards' memo
   (:class:`~torchair.inference.guards.tensors.TensorMemo`) held, so only the other per-call
   guards ran;
@@ -31,7 +32,7 @@ import torch
 
 from torchair.base.log import env_switch, logger
 from torchair.inference.guards.codegen import ENV_CODEGEN, NotGenerated, per_call_program
-from torchair.inference.guards.epoch import module_epoch, watch_modules
+from torchair.inference.guards.epoch import EPOCH, module_epoch, watch_modules
 from torchair.inference.guards.grammar import compile_expression, source_slot
 from torchair.inference.guards.sources import Fn, Globals, Sources
 from torchair.inference.guards.state import ProcessState
@@ -228,21 +229,21 @@ class GuardSet:
         which runs instead on the first call and after any parameter, buffer or submodule
         assignment (:func:`module_epoch`). Each call is traced at DEBUG with the tier that
         decided it (see the module doc; rate-limited, see :meth:`_trace`)."""
-        if self.per_call is None or self._checked_epoch != module_epoch():
+        if self.per_call is None or self._checked_epoch != EPOCH[0]:  # (module_epoch())
             return self.check(frame, globals_)
-        guards, steps, dict_inputs = self.per_call
-        why = self.process.differs_per_call()
-        if why:
-            self._note(TIER_STATE, why)
-            return why, []
         program = self.program
-        if program is not None:
+        if program is not None:  # it checks the process state's common case itself, first
             flat = program(frame, globals_)
             if flat is not None:
                 self._calls += 1  # (the gate of _note, inline on the hot path)
                 if self._tier is not TIER_PROGRAM or self._calls >= self._next_trace:
                     self._trace(TIER_PROGRAM, "")
                 return "", flat
+        guards, steps, dict_inputs = self.per_call
+        why = self.process.differs_per_call()
+        if why:
+            self._note(TIER_STATE, why)
+            return why, []
         if not isinstance(globals_, Globals):
             globals_ = Globals(globals_)
         values, why = self.sources.evaluate_some(frame, globals_, steps)

@@ -9,7 +9,7 @@ first asks PyTorch's own one-call snapshot of the process state whether anything
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -41,10 +41,12 @@ def _state_snapshot() -> Any:
 def _snapshot_blind_spots() -> tuple:
     """What :func:`global_state` compares that PyTorch's snapshot does not: the autocast dtypes
     (they matter only while autocast is on) and cuDNN's TF32 switch."""
-    on = torch._C._is_any_autocast_enabled()
+    on = _any_autocast()
     dtypes = (torch.get_autocast_dtype("cpu"), torch.get_autocast_dtype("cuda")) if on else ()
     return dtypes, _cudnn_tf32()
 
+
+_any_autocast = torch._C._is_any_autocast_enabled
 
 # what torch.backends.cudnn.allow_tf32 reads, without the module property on the per-call path
 _cudnn_allow_tf32 = getattr(torch._C, "_get_cudnn_allow_tf32",
@@ -132,6 +134,31 @@ class ProcessState:
                 diff = sorted(k for k in now if now[k] != self.state.get(k))
                 return f"global state changed: {', '.join(diff)}"
         return ""
+
+    def per_call_lines(self, bind: Callable[[Any, str], str]) -> list[str]:
+        """The lines of the generated per-call check (:mod:`.codegen`) that pass exactly when
+        :meth:`differs_per_call` would pass without a full comparison: PyTorch's snapshot taken
+        after the last full comparison still holds, its blind spots are as they were then
+        (autocast off and the same cuDNN TF32 switch; a call under autocast takes the general
+        path), and the torch-function modes are as traced. Any other case ends the generated
+        function with ``return None`` (the general path then compares in full); so does an
+        error, through the function's ``except``. ``bind(value, prefix)`` names a value the
+        lines use. The same checks inline, not four nested calls: on a decode step they run
+        right after the previous step's weights went through the caches."""
+        p = bind(self, "p")
+        lines = []
+        if self.state is not None:
+            lines += [f"s = {p}._snapshot",
+                      f"if s is None or not s.check() or {bind(_any_autocast, 'f')}() or "
+                      f"{p}._blind_spots != ((), {bind(bool, 'f')}({bind(_cudnn_allow_tf32, 'f')}())):",
+                      "    return None"]
+        if self.modes == 0 and not self.mode_tags:  # traced without any mode, as most calls
+            lines += [f"if {bind(function_modes.stack_depth, 'f')}():", "    return None",
+                      f"for a in {bind(function_modes.process_actives(), 'c')}:",
+                      "    if a() is not None:", "        return None"]
+        elif self.modes is not None:
+            lines += [f"if {bind(self._modes_differ, 'f')}():", "    return None"]
+        return lines
 
     def differs_per_call(self) -> str:
         """:meth:`differs` through a snapshot of the whole process state taken after the last
