@@ -71,12 +71,13 @@ class _NoDynamo:
     positions (checked against the first call's lengths, in order), everything else (weights,
     KV caches) as recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_eagerly: bool = False) -> None:
         self.fn: Callable | None = None
         self.flat: tuple = ()
+        self.run_eagerly = run_eagerly
 
     def backend(self, gm, example_inputs):
-        fn = _torchair_backend(False)(gm, example_inputs)
+        fn = _torchair_backend(self.run_eagerly)(gm, example_inputs)
 
         def record(*flat):
             self.flat = flat
@@ -150,7 +151,9 @@ class DynamoFloor:
 
 
 def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
-                 init_v: list[torch.Tensor]) -> Variant:
+                 init_v: list[torch.Tensor], *, run_eagerly: bool = False) -> Variant:
+    """Variant ``name`` of ``model`` with its own copies of the KV caches; ``run_eagerly``: the
+    ``torchair-cache`` and ``torchair-nodynamo`` units with the FX engine (quick test runs)."""
     k_caches = [t.clone() for t in init_k]
     v_caches = [t.clone() for t in init_v]
     for t in k_caches + v_caches:
@@ -170,6 +173,7 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
     elif name == "torchair-cache":
         config = torchair.CompilerConfig()
         config.experimental_config.tiling_schedule_optimize = True
+        config.debug.run_eagerly = run_eagerly
         cache_dir = tempfile.mkdtemp(prefix="bench-decode-cache-")
         atexit.register(shutil.rmtree, cache_dir, True)
         compiled = torchair.inference.cache_compile(model.forward, config=config,
@@ -214,7 +218,7 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
         describe = (f"torchair path 4 built with {_mm.ENV_SWITCH}=0: its products are ATen's mm, "
                     f"not torchair_native::gemv")
     elif name == "torchair-nodynamo":
-        compiled = _NoDynamo().bind(model)
+        compiled = _NoDynamo(run_eagerly).bind(model)
         describe = ("torchair path 4's compiled function called directly with Dynamo's flat "
                     "arguments: the step minus Dynamo's per-call work (diagnostic: unguarded)")
     elif name == "reduce-overhead":

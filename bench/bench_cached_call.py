@@ -1,0 +1,155 @@
+"""Where a ``cache_compile`` decode step's host time goes inside a decode loop.
+
+``bench_call_cost.py`` times a served call whose kernel touches a few bytes: every cache holds
+the check's Python objects and code. In a decode step the weights stream through the caches
+between two calls, so the check runs with them cold. This bench times the bench decoder
+(:mod:`bench.model`) through ``cache_compile`` (``torchair-cache``) with its call split in three
+(the entry's check, ``Runtime.check``; its launch unit, ``Runtime.__call__``; the rest: the
+frame, ``CachedFunction``'s own layers), beside the same launch unit called with Dynamo's flat
+arguments and nothing checked (``torchair-nodynamo``) and, optionally, ``eager``. The variants
+rotate in interleaved rounds of ``--steps`` steps (as ``bench_decode_step.py``); each number is a
+median over rounds at one position in the round: position 0 runs right after another variant
+(its own caches evicted twice over), the later ones after their own previous step, which is the
+serving loop's state.
+
+    python -m bench.bench_cached_call                  # batch 1, 60 rounds of 10 steps
+    python -m bench.bench_cached_call --batch 8 --eager
+    python -m bench.bench_cached_call --quick          # tiny model, a smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from bench import _harness as H
+from bench._decode_variants import make_variant
+from bench.model import DecoderStep, ModelConfig, make_schedule
+from torchair.inference import _cache_runtime
+
+PARTS = ("check", "unit", "rest")
+
+
+class _Split:
+    """Times ``Runtime.check`` and ``Runtime.__call__`` of every cached call while installed."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self._saved: tuple = ()
+
+    def __enter__(self) -> _Split:
+        runtime = _cache_runtime.Runtime
+        check, call = runtime.check, runtime.__call__
+        self._saved = (check, call)
+        last = self.last
+
+        def timed(name: str, fn: Callable) -> Callable:
+            def wrapper(*args: Any) -> Any:
+                start = time.perf_counter_ns()
+                try:
+                    return fn(*args)
+                finally:
+                    last[name] = time.perf_counter_ns() - start
+            return wrapper
+
+        runtime.check, runtime.__call__ = timed("check", check), timed("unit", call)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _cache_runtime.Runtime.check, _cache_runtime.Runtime.__call__ = self._saved
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--eager", action="store_true", help="rotate eager in as a third variant")
+    p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
+    p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
+                   help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
+    p.add_argument("--out", default=None, help="JSON path (default results/cached_call_<tag>.json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.steps = min(args.rounds, 3), min(args.steps, 3)
+    if args.batch < 1 or args.steps < 1 or args.rounds < 1:
+        p.error("--batch, --steps and --rounds must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    info = H.machine_info("cpu")
+    H.print_machine(info)
+    cfg = (ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
+           if args.quick else
+           ModelConfig(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1536,
+                       capacity=1024))
+    torch.manual_seed(0)
+    model = DecoderStep(cfg).eval()
+    init = [torch.zeros(args.batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
+    warm = 3  # compiling and first calls
+    # as many windows of fresh lengths as the rounds need and the cache's capacity allows (each
+    # call grows every sequence by one; make_schedule keeps batch + 2 positions of room)
+    windows = max(1, min(args.rounds, (cfg.capacity - warm - args.batch - 2) // args.steps))
+    n_calls = warm + args.steps * windows
+    schedule = make_schedule(cfg, args.batch, n_calls, "cpu", torch.float32, 0)
+    names = (["eager"] if args.eager else []) + ["torchair-cache", "torchair-nodynamo"]
+    positions = {n: [[] for _ in range(args.steps)] for n in names}
+    parts = {p: [[] for _ in range(args.steps)] for p in PARTS}
+    with torch.no_grad():
+        variants = [make_variant(n, model, init, init, run_eagerly=args.engine == "fx")
+                    for n in names]
+        for v in variants:
+            for s in schedule[:warm]:
+                v(s)
+        with _Split() as split:
+            for r in range(args.rounds):
+                first = warm + (r % windows) * args.steps
+                for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+                    for k in range(args.steps):
+                        split.last.clear()
+                        t0 = time.perf_counter_ns()
+                        v(schedule[first + k])
+                        total = time.perf_counter_ns() - t0
+                        positions[v.name][k].append(total / 1e3)
+                        if v.name == "torchair-cache":
+                            check, unit = split.last["check"], split.last["unit"]
+                            parts["check"][k].append(check / 1e3)
+                            parts["unit"][k].append(unit / 1e3)
+                            parts["rest"][k].append((total - check - unit) / 1e3)
+
+    def medians(rows: list[list[float]]) -> list[float]:
+        return [statistics.median(row) for row in rows]
+
+    table = {n: medians(rows) for n, rows in positions.items()}
+    split_table = {p: medians(rows) for p, rows in parts.items()}
+    later = slice(1, None) if args.steps > 1 else slice(0, None)
+    summary = {n: statistics.median(v[later]) for n, v in {**table, **split_table}.items()}
+    head = ["us per step, by position in the round"] + [str(k) for k in range(args.steps)]
+    rows = [[n] + [round(x) for x in v] for n, v in table.items()]
+    rows += [[f"  cache: {p}"] + [round(x, 1) for x in v] for p, v in split_table.items()]
+    print(f"batch {args.batch}, {cfg.layers} layers, hidden {cfg.hidden}; {args.rounds} rounds x "
+          f"{args.steps} steps per variant, rotated; medians over rounds")
+    print(H.format_table(head, rows))
+    print(f"\npositions 1+ (a step after its own): torchair-cache "
+          f"{summary['torchair-cache']:.0f} us = check {summary['check']:.1f} + unit "
+          f"{summary['unit']:.1f} + rest {summary['rest']:.1f}; the unit alone "
+          f"(torchair-nodynamo) {summary['torchair-nodynamo']:.0f} us")
+    payload = {"benchmark": "cached_call", "command": H.command_line(), "machine": info,
+               "config": {"batch": args.batch, "steps": args.steps, "rounds": args.rounds,
+                          "model": dataclasses.asdict(cfg), "engine": args.engine},
+               "by_position_us": table, "cache_split_by_position_us": split_table,
+               "later_positions_median_us": summary,
+               "total_runtime_s": time.perf_counter() - start}
+    H.save_results("cached_call", H.machine_tag(info), payload, quick=args.quick, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

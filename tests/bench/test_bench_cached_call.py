@@ -1,0 +1,26 @@
+"""bench.bench_cached_call runs (FX engine, tiny model, few rounds): every position of the round
+timed for both variants, the cached call split into check, unit and rest, and the timing
+wrappers removed afterwards. Nothing about speed is asserted."""
+from __future__ import annotations
+
+import json
+
+from bench import bench_cached_call as bench
+from torchair.inference import _cache_runtime
+
+
+def test_quick_run_splits_the_cached_call(tmp_path, capsys):
+    check, call = _cache_runtime.Runtime.check, _cache_runtime.Runtime.__call__
+    out = tmp_path / "cached_call.json"
+    assert bench.main(["--quick", "--engine", "fx", "--steps", "3", "--out", str(out)]) == 0
+    assert (_cache_runtime.Runtime.check, _cache_runtime.Runtime.__call__) == (check, call)
+    payload = json.loads(out.read_text())
+    assert set(payload["by_position_us"]) == {"torchair-cache", "torchair-nodynamo"}
+    for rows in (payload["by_position_us"], payload["cache_split_by_position_us"]):
+        assert all(len(v) == 3 and all(x > 0 for x in v) for v in rows.values())
+    split = payload["cache_split_by_position_us"]
+    assert set(split) == {"check", "unit", "rest"}
+    # the parts are pieces of the cached call (medians per position, so only roughly additive)
+    for k in range(3):
+        assert split["check"][k] + split["unit"][k] <= payload["by_position_us"]["torchair-cache"][k] * 1.5
+    assert "check" in capsys.readouterr().out
