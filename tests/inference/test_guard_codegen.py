@@ -54,13 +54,21 @@ def _calls():
     ]
 
 
-def test_generated_check_agrees_with_the_general_check(tmp_path):
+def _warm(tmp_path):
+    """A cached _Many.step after three calls (cold, first served call with the full check, first
+    per-call check), and the good call's arguments."""
     model = _Many().eval()
     cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
-    good, calls = _calls()
+    good, _ = _calls()
     with torch.no_grad():
-        for _ in range(3):  # cold call, first served call (full check), first per-call check
+        for _ in range(3):
             cached(*good)
+    return cached, good
+
+
+def test_generated_check_agrees_with_the_general_check(tmp_path):
+    cached, _ = _warm(tmp_path)
+    _, calls = _calls()
     guards = cached.runtime.guards
     program = guards.program
     assert program is not None, "the generator covers these guards"
@@ -135,12 +143,8 @@ def test_process_state_changes_pass_the_generated_check_to_the_general_one(tmp_p
     change of it (the snapshot's state, autocast, cuDNN TF32, a mode on the thread's stack, an
     active process-wide mode) gets None from it, and the general check refuses the call; once
     the change is undone the generated function serves again."""
-    model = _Many().eval()
-    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
-    good, _ = _calls()
+    cached, good = _warm(tmp_path)
     with torch.no_grad():
-        for _ in range(3):  # cold call, first served call (full check), first per-call check
-            cached(*good)
         guards = cached.runtime.guards
         frame, globals_ = cached.frame(good, {}), cached.frame.globals
         assert guards.program(frame, globals_) is not None
