@@ -21,9 +21,7 @@ def worker(rank: int, world: int, port: int, export_path: str, out_dir: str) -> 
         from torchair.export import _export
 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                # bounds each collective's wait; a stalled one is retried by
-                                # the test in a new world (120 s made one stall cost 2 minutes)
-                                world_size=world, timeout=datetime.timedelta(seconds=60))
+                                world_size=world, timeout=datetime.timedelta(seconds=120))
         model = AllReduceModel()
         _export.EXTERNAL_WEIGHTS_BYTES = 0  # as TorchAir's test shrinks its limit
         x, y = torch.ones(4, 2) * (rank + 1), torch.full((4, 2), 0.5)
