@@ -171,10 +171,10 @@ def _join(ctx, deadline: float, out_dir: Path | None = None) -> str | None:
 
 
 # gloo's receive timeout inside the package's all_reduce (its wait_tensor): seen in about 1 of 3
-# full-suite runs on 2 cores, never in the test's own logic; both ranks had reached the
-# collective (a monitored barrier before it passed), so neither compile skew nor a missing rank.
-# The rank's error names the wait_tensor call, or (as in a run of 2026-11-29, where the first
-# all_reduce had passed and the second timed out) only gloo's own message.
+# full-suite runs on 2 cores while each rank also ran eager's all_reduce on the default group
+# between its two package calls, which can pair with the package's own (docs/export.md); the
+# ranks no longer do, and the retry stays for any other stall. The rank's error names the
+# wait_tensor call, or only gloo's own message.
 _GLOO_TIMEOUTS = ("_c10d_functional_wait_tensor", "Timed out waiting")
 
 
@@ -209,6 +209,7 @@ def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
         assert "error" not in result, f"rank {rank}:\n{result['error']}"
         assert result["path"] == str(export_path / f"export{rank}.pt2")
         assert result["equal"] == [True, True] and result["weights"] == "binary_blob"
+        assert result["own_group"] == [True] * 5  # eager collectives on their own group
         # Dynamo specializes sizes 0 and 1: a dynamic dim takes sizes >= 2
         assert "size 1 in dim 0, outside the exported range [2, inf]" in result["range_error"]
         assert "argument 1 has size 4 in dim 0, but argument 0 has 3" in result["equal_error"]
@@ -223,8 +224,7 @@ def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
     model = models.AllReduceModel()
     with torch.no_grad():
         for n, outs in zip((4, 3), zip(*(r["out"] for r in results))):
-            summed = sum((torch.ones(n, 2) * (r + 1) + 0.5 + model.p) @ model.w for r in range(2))
-            torch.testing.assert_close(torch.tensor(outs[0]), summed * 2)
+            torch.testing.assert_close(torch.tensor(outs[0]), model.expected(n, 2))
             assert outs[0] == outs[1]
 
 
