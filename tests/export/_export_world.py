@@ -27,6 +27,7 @@ def worker(rank: int, world: int, port: int, export_path: str, out_dir: str) -> 
         x, y = torch.ones(4, 2) * (rank + 1), torch.full((4, 2), 0.5)
         result["path"] = torchair.npu_export.dynamo_export(x, y, model=model,
                                                            export_path=export_path, dynamic=True)
+        result["inductor_dir"] = _export.rank_inductor_dir(rank)  # where this rank compiled
         loaded = torchair.load_export(export_path)  # this rank's package
         result["weights"] = loaded.spec["weights"]
         result["equal"], result["out"] = [], []

@@ -125,18 +125,23 @@ def _start_world(tmp_path: Path):
     """The 2 rank processes (spawned, not joined), writing rank{r}.json into ``tmp_path``."""
     import _export_world
 
-    old = os.environ.get("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL")
-    os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"] = WRAPPER_OPT  # read by the ranks
+    env = {"AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL": WRAPPER_OPT,  # read by the ranks
+           # a fresh Inductor directory: what the ranks compiled there is this run's (the test
+           # compares each package with its rank's directory; about 3 s more than a warm one)
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         return mp.start_processes(_export_world.worker,
                                   args=(2, _free_port(), str(tmp_path / "export_file"),
                                         str(tmp_path)),
                                   nprocs=2, join=False, start_method="spawn")
     finally:
-        if old is None:
-            os.environ.pop("AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL")
-        else:
-            os.environ["AOT_INDUCTOR_COMPILE_WRAPPER_OPT_LEVEL"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
@@ -214,9 +219,19 @@ def test_two_rank_dynamic_export_writes_one_package_per_rank(rank_world):
         assert "size 1 in dim 0, outside the exported range [2, inf]" in result["range_error"]
         assert "argument 1 has size 4 in dim 0, but argument 0 has 3" in result["equal_error"]
         with zipfile.ZipFile(result["path"]) as z:  # weights beside the .so, in the package
-            assert any(n.endswith("_weights.blob") for n in z.namelist())
+            blobs = [n for n in z.namelist() if n.endswith("_weights.blob")]
+            assert blobs
+            # compiled in the rank's own Inductor directory: the ranks' graphs have one code
+            # hash, and a shared directory lets one rank package the other's files
+            assert result["inductor_dir"].endswith(os.path.join("torchair_export", f"rank{rank}"))
+            compiled = list(Path(result["inductor_dir"]).rglob(os.path.basename(blobs[0])))
+            assert compiled and compiled[0].read_bytes() == z.read(blobs[0])
     # TorchAir: export_path/{name}{rank}.air beside rank_{rank}/dynamo.pbtxt
     assert sorted(os.listdir(export_path)) == ["export0.pt2", "export1.pt2", "rank_0", "rank_1"]
+    # nothing of the packages was compiled in the shared directory
+    shared = [p for p in (tmp_path / "inductor").rglob(os.path.basename(blobs[0]))
+              if "torchair_export" not in p.parts]
+    assert not shared, shared
     for rank in range(2):
         text = (export_path / f"rank_{rank}" / "dynamo.pbtxt").read_text()
         assert text.count('op: "_c10d_functional.all_reduce"') == 1
@@ -250,6 +265,28 @@ class _DataDependent(torch.nn.Module):
         if x.sum() > 0:
             return x + 1
         return x - 1
+
+
+def test_a_rank_compiles_in_its_own_inductor_directory(monkeypatch, tmp_path):
+    """Ranks export graphs of one structure (one code hash): each compiles under
+    torchair_export/rank<r> of Inductor's directory, which is put back afterwards."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from torchair.export import _export
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    seen = {}
+    for rank in (0, 1):
+        with _export._inductor_dir(rank):
+            seen[rank] = cache_dir()
+    assert seen == {r: str(tmp_path / "inductor" / "torchair_export" / f"rank{r}") for r in (0, 1)}
+    assert os.path.isdir(seen[1]) and cache_dir() == str(tmp_path / "inductor")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    with _export._inductor_dir(None):  # no process group: Inductor's own directory
+        assert "torchair_export" not in cache_dir()
+    with pytest.raises(RuntimeError), _export._inductor_dir(0):
+        raise RuntimeError("a failed compile")
+    assert "torchair_export" not in cache_dir()
 
 
 def test_what_cannot_be_exported_says_why(tmp_path):

@@ -1,9 +1,10 @@
 """``dynamo_export``: trace, check, describe and AOT-compile one model into a package."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -13,7 +14,7 @@ from torchair.export import _describe
 from torchair.export._layout import ExportLayout, layout_for
 from torchair.export._trace import check_ops, collectives_in, trace
 
-__all__ = ["EXTERNAL_WEIGHTS_BYTES", "dynamo_export"]
+__all__ = ["EXTERNAL_WEIGHTS_BYTES", "dynamo_export", "rank_inductor_dir"]
 
 # TorchAir keeps weights inside the .air up to protobuf's 2 GB limit less 200 MB of headroom and
 # writes them beside it above that (export_utils._is_weight_externalized). The same threshold
@@ -45,6 +46,43 @@ def _weights_options(ep) -> tuple[str, dict[str, Any]]:
                 "shared library, inside the package", size / 2**20, EXTERNAL_WEIGHTS_BYTES / 2**20)
     return WEIGHTS_BLOB, {"aot_inductor.package_constants_in_so": False,
                           "aot_inductor.package_constants_on_disk_format": WEIGHTS_BLOB}
+
+
+def rank_inductor_dir(rank: int) -> str:
+    """The Inductor cache directory rank ``rank``'s exports compile in: ``torchair_export/rank<r>``
+    under Inductor's own (``$TORCHINDUCTOR_CACHE_DIR``, else PyTorch's default).
+
+    AOTInductor writes a package's files (shared library, weights blob, metadata JSON) under a
+    directory named after the hash of the graph's code, and packages them after releasing its
+    lock on that directory. Tensor-parallel ranks export graphs of one structure: the same
+    code, the same directory, different weights and metadata, at the same moment. So one rank
+    could package another's weights, or a JSON file the other is rewriting (a load then fails
+    with "parse error ... empty input"). Each rank compiling in its own directory cannot."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return os.path.join(cache_dir(), "torchair_export", f"rank{rank}")
+
+
+@contextlib.contextmanager
+def _inductor_dir(rank: int | None) -> Iterator[None]:
+    """Inductor's cache directory is :func:`rank_inductor_dir` while a rank's export compiles
+    (``$TORCHINDUCTOR_CACHE_DIR``, which Inductor reads at each use; put back after). A process
+    without a process group compiles where Inductor always does."""
+    if rank is None:
+        yield
+        return
+    key = "TORCHINDUCTOR_CACHE_DIR"
+    before = os.environ.get(key)
+    private = rank_inductor_dir(rank)
+    os.makedirs(private, exist_ok=True)
+    os.environ[key] = private
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def _check_args(model: Any, config: Any, dynamic: Any) -> None:
@@ -116,7 +154,8 @@ def dynamo_export(*args: Any, model: torch.nn.Module, export_path: str = "export
         os.remove(layout.package)  # a stale package is never left behind a failed compile
     with progress(f"dynamo_export: AOT-compiling {os.path.basename(layout.package)} with "
                   f"AOTInductor (C++ compile; tens of seconds on a few cores)"):
-        path = torch._inductor.aoti_compile_and_package(ep, package_path=layout.package,
-                                                        inductor_configs=options)
+        with _inductor_dir(layout.rank):  # ranks never share a directory (see there)
+            path = torch._inductor.aoti_compile_and_package(ep, package_path=layout.package,
+                                                            inductor_configs=options)
     logger.info("dynamo_export: wrote %s in %.1f s", path, time.perf_counter() - start)
     return path
