@@ -7,7 +7,8 @@ between two calls, so the check runs with them cold. This bench times the bench 
 (the entry's check, ``Runtime.check``; its launch unit, ``Runtime.__call__``; the rest: the
 frame, ``CachedFunction``'s own layers), beside the same launch unit called with Dynamo's flat
 arguments and nothing checked (``torchair-nodynamo``) and, optionally, ``eager``. The variants
-rotate in interleaved rounds of ``--steps`` steps (as ``bench_decode_step.py``); each number is a
+rotate in interleaved rounds of ``--steps`` steps (``_harness.interleaved_rounds``, as
+``bench_decode_step.py``, but without its collection before each round); each number is a
 median over rounds at one position in the round: position 0 runs right after another variant
 (its own caches evicted twice over), the later ones after their own previous step, which is the
 serving loop's state.
@@ -100,29 +101,40 @@ def main(argv: list[str] | None = None) -> int:
     n_calls = warm + args.steps * windows
     schedule = make_schedule(cfg, args.batch, n_calls, "cpu", torch.float32, 0)
     names = (["eager"] if args.eager else []) + ["torchair-cache", "torchair-nodynamo"]
-    positions = {n: [[] for _ in range(args.steps)] for n in names}
-    parts = {p: [[] for _ in range(args.steps)] for p in PARTS}
     with torch.no_grad():
-        variants = [make_variant(n, model, init, init, run_eagerly=args.engine == "fx")
-                    for n in names]
-        for v in variants:
+        variants = {n: make_variant(n, model, init, init, run_eagerly=args.engine == "fx")
+                    for n in names}
+        for v in variants.values():
             for s in schedule[:warm]:
                 v(s)
         with _Split() as split:
-            for r in range(args.rounds):
-                first = warm + (r % windows) * args.steps
-                for v in variants[r % len(variants):] + variants[:r % len(variants)]:
-                    for k in range(args.steps):
-                        split.last.clear()
-                        t0 = time.perf_counter_ns()
-                        v(schedule[first + k])
-                        total = time.perf_counter_ns() - t0
-                        positions[v.name][k].append(total / 1e3)
-                        if v.name == "torchair-cache":
-                            check, unit = split.last["check"], split.last["unit"]
-                            parts["check"][k].append(check / 1e3)
-                            parts["unit"][k].append(unit / 1e3)
-                            parts["rest"][k].append((total - check - unit) / 1e3)
+            timed = split.last
+            cache, recorded = variants["torchair-cache"], []  # (check, unit) ns per cached call
+
+            def cached(i: int) -> None:
+                cache(schedule[i])
+                recorded.append((timed["check"], timed["unit"]))
+
+            calls = {n: (cached if n == "torchair-cache" else
+                         lambda i, v=v: v(schedule[i])) for n, v in variants.items()}
+            rounds = H.interleaved_rounds(
+                calls, lambda r: range(warm + (r % windows) * args.steps,
+                                       warm + (r % windows + 1) * args.steps),
+                args.rounds, H.synchronizer("cpu"),
+                # no gc.collect before each round: walking every object evicts the caches far
+                # beyond what a decode step does (position 0 took 3x, the check 1.6x at 1+)
+                collect_garbage=False)
+    # by position k in the round: each variant's step, and the cached step's parts
+    positions = {n: [[rnd[k] * 1e6 for rnd in rows] for k in range(args.steps)]
+                 for n, rows in rounds.items()}
+    splits = iter(recorded)  # in the order the cached calls ran: round by round
+    parts = {p: [[] for _ in range(args.steps)] for p in PARTS}
+    for rnd in rounds["torchair-cache"]:
+        for k, total in enumerate(rnd):
+            check, unit = (t / 1e3 for t in next(splits))
+            parts["check"][k].append(check)
+            parts["unit"][k].append(unit)
+            parts["rest"][k].append(total * 1e6 - check - unit)
 
     def medians(rows: list[list[float]]) -> list[float]:
         return [statistics.median(row) for row in rows]
