@@ -8,10 +8,9 @@ between two calls, so the check runs with them cold. This bench times the bench 
 frame, ``CachedFunction``'s own layers), beside the same launch unit called with Dynamo's flat
 arguments and nothing checked (``torchair-nodynamo``) and, optionally, ``eager``. The variants
 rotate in interleaved rounds of ``--steps`` steps (``_harness.interleaved_rounds``, as
-``bench_decode_step.py``, but without its collection before each round); each number is a
-median over rounds at one position in the round: position 0 runs right after another variant
-(its own caches evicted twice over), the later ones after their own previous step, which is the
-serving loop's state.
+``bench_decode_step.py``); each number is a median over rounds at one position in the round:
+position 0 runs right after another variant, the later ones after their own previous step,
+which is the serving loop's state.
 
     python -m bench.bench_cached_call                  # batch 1, 60 rounds of 10 steps
     python -m bench.bench_cached_call --batch 8 --eager
@@ -69,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
     p.add_argument("--rounds", type=int, default=60)
-    p.add_argument("--eager", action="store_true", help="rotate eager in as a third variant")
+    p.add_argument("--eager", action="store_true", help="run eager as a third variant")
     p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
     p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
                    help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
@@ -120,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds = H.interleaved_rounds(
                 calls, lambda r: range(warm + (r % windows) * args.steps,
                                        warm + (r % windows + 1) * args.steps),
-                args.rounds, H.synchronizer("cpu"),
-                # no gc.collect before each round: walking every object evicts the caches far
-                # beyond what a decode step does (position 0 took 3x, the check 1.6x at 1+)
-                collect_garbage=False)
+                args.rounds, H.synchronizer("cpu"))
     # by position k in the round: each variant's step, and the cached step's parts
     positions = {n: [[rnd[k] * 1e6 for rnd in rows] for k in range(args.steps)]
                  for n, rows in rounds.items()}
@@ -147,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [[n] + [round(x) for x in v] for n, v in table.items()]
     rows += [[f"  cache: {p}"] + [round(x, 1) for x in v] for p, v in split_table.items()]
     print(f"batch {args.batch}, {cfg.layers} layers, hidden {cfg.hidden}; {args.rounds} rounds x "
-          f"{args.steps} steps per variant, rotated; medians over rounds")
+          f"{args.steps} steps per variant, balanced orders; medians over rounds")
     print(H.format_table(head, rows))
     print(f"\npositions 1+ (a step after its own): torchair-cache "
           f"{summary['torchair-cache']:.0f} us = check {summary['check']:.1f} + unit "

@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                    "inductor_caches": "warm (on-disk caches allowed)" if args.warm_cache
                    else "disabled (cold compiles)"},
         "method": ("per-step wall time (time.perf_counter, torch.cuda.synchronize on CUDA) of "
-                   "each call; variants interleaved in rounds with rotated order; every call "
+                   "each call; variants interleaved in rounds, balanced orders; every call "
                    "uses new actual_seq_lengths; units microseconds"),
         "results": batches,
         "load_average_at_end": H.load_average(),

@@ -574,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": ("compile: wall time of each gear's first call, Dynamo traces from "
                    "CompileCounterWithBackend, torchair build_seconds from graph_reports(); "
                    "latency: per-call wall time (time.perf_counter, torch.cuda.synchronize on "
-                   "CUDA), variants interleaved in rounds with rotated order, each round "
+                   "CUDA), variants interleaved in rounds, balanced orders, each round "
                    "--steps passes over all gears per variant, gear changing at every call, "
                    "new actual_seq_lengths ([L], one length) at every call; microseconds"),
         "results": result,

@@ -32,7 +32,7 @@ wrong by design, so it is not checked).
 Before timing, the TP=2 outputs and KV cache shards of ``--check-steps`` steps are compared with
 the TP=1 eager ones (``allclose``, rtol = atol = 1e-4), on both ranks; TP=1 torchair too.
 
-Timing: rounds interleaved over all variants with a rotated order (the same on both ranks), a
+Timing: rounds interleaved over all variants in balanced orders (the same on both ranks), a
 barrier before each variant's round; each rank times each call (``time.perf_counter``). TP=2
 per-step time = **max over the two ranks** of the same step (rank 0 alone is in the JSON too);
 TP=1 variants run on rank 0 while rank 1 waits in the barrier. Nothing about speed is asserted.
@@ -61,6 +61,7 @@ import torchair
 from bench import _harness as H
 from bench._decode_variants import Variant, make_variant, reset_caches
 from bench.model import DecoderLayer, DecoderStep, ModelConfig, make_schedule
+from torchair.demo.roofline import balanced_orders
 
 TP = 2
 VARIANTS = (  # (tp, name): rotated together in every round
@@ -242,14 +243,15 @@ def run_batch(args, cfg: ModelConfig, batch: int, rank: int) -> dict[str, Any]:
                 reset_caches(v, k0, v0)
             variants[(tp, name)] = v
 
-        # ---- timing: interleaved rounds, rotated order, barrier before each variant's round
+        # ---- timing: interleaved rounds, balanced orders, barrier before each variant's round
         per_step: dict[str, list[list[float]]] = {f"tp{tp}/{n}": [] for tp, n in VARIANTS}
         perf = time.perf_counter
         in_ar: list[list[float]] = []
+        orders = balanced_orders(len(VARIANTS))
         for r in range(args.rounds):
             steps = schedule[timed_start + r * args.steps:timed_start + (r + 1) * args.steps]
-            for k in range(len(VARIANTS)):
-                tp, name = VARIANTS[(r + k) % len(VARIANTS)]
+            for k in orders[r % len(orders)]:
+                tp, name = VARIANTS[k]
                 fn = variants[(tp, name)]
                 dist.barrier()
                 if tp == 1 and rank != 0:
@@ -463,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                    "tp": [1, TP], "torch_threads_per_rank": 1, "backend": "gloo",
                    "quick": args.quick, "seed": args.seed},
         "method": ("2 spawned gloo ranks, 1 torch thread each; per-call time.perf_counter on "
-                   "each rank; variants interleaved in rounds with rotated order and a barrier "
+                   "each rank; variants interleaved in rounds, balanced orders, and a barrier "
                    "before each variant's round; TP=2 per-step time = max over ranks of the "
                    "same step (per-rank statistics also saved); TP=1 on rank 0 while rank 1 "
                    "waits in the barrier; every call uses new actual_seq_lengths; units us"),

@@ -1,10 +1,58 @@
-"""bench._harness's GPU timer (device time of a CUDA-graph replay)."""
+"""bench._harness: the order and garbage handling of interleaved rounds, the GPU timer (device
+time of a CUDA-graph replay)."""
 from __future__ import annotations
+
+import gc
+import itertools
+from collections import Counter
 
 import pytest
 import torch
 
 from bench import _harness as H
+from torchair.demo.roofline import balanced_orders
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_balanced_orders_put_each_variant_after_each_other_equally_often(n):
+    orders = balanced_orders(n)
+    assert len(orders) == (n if n % 2 == 0 or n == 1 else 2 * n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    places = Counter((v, k) for order in orders for k, v in enumerate(order))
+    assert set(places.values()) == {len(orders) // n} and len(places) == n * n
+    after = Counter(pair for order in orders for pair in itertools.pairwise(order))
+    assert len(after) == n * (n - 1)  # every ordered pair, each as often
+    assert len(set(after.values())) <= 1
+
+
+def test_balanced_orders_refuse_an_empty_set():
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        balanced_orders(0)
+
+
+def test_interleaved_rounds_follow_the_balanced_orders_and_freeze_the_heap_once():
+    runs: list[tuple[str, int, bool, int]] = []  # (variant, step, gc on, frozen objects)
+
+    def variant(name):
+        return lambda step: runs.append((name, step, gc.isenabled(), gc.get_freeze_count()))
+
+    names = ["a", "b", "c", "d"]
+    result = H.interleaved_rounds({n: variant(n) for n in names}, lambda r: [10 * r, 10 * r + 1],
+                                  rounds=8, sync=lambda: None)
+    assert {n: len(rows) for n, rows in result.items()} == {n: 8 for n in names}
+    assert all(len(row) == 2 and min(row) >= 0 for rows in result.values() for row in rows)
+    orders = balanced_orders(4)
+    expected = [(names[k], s) for r in range(8) for k in orders[r % 4] for s in (10 * r, 10 * r + 1)]
+    assert [(n, s) for n, s, _, _ in runs] == expected
+    # the collector is off while a variant runs, and what it kept before the rounds is frozen
+    # (collections between rounds skip it); afterwards it is on and nothing stays frozen
+    assert not any(on for _, _, on, _ in runs)
+    assert min(frozen for _, _, _, frozen in runs) > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    runs.clear()
+    H.interleaved_rounds({"a": variant("a")}, lambda r: [r], rounds=2, sync=lambda: None,
+                         collect_garbage=False)
+    assert [(n, on, frozen) for n, _, on, frozen in runs] == [("a", True, 0), ("a", True, 0)]
 
 
 @pytest.mark.cuda

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GemvFloor", "last_level_cache_bytes", "read_bandwidth", "kv_read_bytes",
+__all__ = ["GemvFloor", "balanced_orders", "last_level_cache_bytes", "read_bandwidth", "kv_read_bytes",
            "floor_us", "x_floor"]
 
 
@@ -145,3 +145,22 @@ def x_floor(time_us: float | None, floor: float | None) -> float | None:
     if time_us is None or not floor or floor <= 0:
         return None
     return time_us / floor
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders in which to run ``n`` side-by-side variants, one order per round, so that over all
+    the orders each variant runs at each place and right after each other variant equally often
+    (a Williams design: ``n`` orders for even ``n``, ``2n`` for odd).
+
+    What runs just before a step matters: a step right after eager's (1-2 ms of allocations and
+    ATen calls) took up to twice its time at its first step and needed about ten to recover,
+    and a step after the lean ``torchair-nodynamo`` almost nothing. A fixed cyclic order rotated
+    by the round, as the benches used before, gives every variant the same predecessor in all
+    rounds but one in ``n``: the floor rows always followed the leanest variant."""
+    if n < 1:
+        raise ValueError(f"balanced_orders: n must be >= 1, got {n}")
+    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    orders = [[(k + r) % n for k in first] for r in range(n)]
+    if n % 2 and n > 1:  # odd: the mirrored orders give each pair its other adjacency
+        orders += [order[::-1] for order in orders]
+    return orders

@@ -14,7 +14,7 @@ The prompt is prefilled eagerly, token by token through the same step; then eage
 compiled step and the same step through ``torchair.inference.cache_compile`` (TorchAir's serving
 entry: the same path-4 launch unit, later calls checked by torchair's own guards instead of
 Dynamo's per-call work; ``--no-cache-compile`` leaves it out) generate side by side (each with its
-own KV cache, rotating which goes first), and the demo prints per-step latency, compile counts,
+own KV cache, in balanced orders: each one right after each other equally often), and the demo prints per-step latency, compile counts,
 the gears and whether the tokens match. Exit code 0 only when every compiled step's tokens equal
 eager's exactly. ``--experts E --top-k K`` makes every layer's MLP a mixture of experts through
 torch_npu's MoE ops (:class:`torchair.demo.model.MoE`), in the same one static graph.
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = all(r["tokens_equal"] and r.get("cached_tokens_equal", True) for r in rows)
 
     print("\nper-step latency (median over the generated tokens after the first; eager, graph"
-          f"{'' if cached is None else ' and cached'} rotate, side by side):")
+          f"{'' if cached is None else ' and cached'} interleaved, side by side):")
     print(_table(rows))
     if cached is not None:
         served = "" if cached_graphs == 1 else (f" (Dynamo traced it {cached_graphs} times: a "

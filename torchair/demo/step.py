@@ -16,7 +16,7 @@ import torch._dynamo
 import torchair
 from torchair.demo._progress import Bar
 from torchair.demo.model import Decoder, DemoConfig, PagedKVCache
-from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, x_floor
+from torchair.demo.roofline import GemvFloor, balanced_orders, floor_us, kv_read_bytes, x_floor
 from torchair.inference import set_dim_gears
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -135,9 +135,10 @@ def generate(args, cfg: DemoConfig, model: Decoder, compiled: Callable, batch: i
     cached_graphs = 0  # Dynamo graphs the cache_compile step traced (its cold call: 1)
     cached_reports: list[int] = []  # the graph reports its calls added
     names = (*fns, "floor")
+    orders = balanced_orders(len(names))  # each one after each other equally often
     for i in range(args.steps):
         position = args.prompt_len + i
-        order = names[i % len(names):] + names[:i % len(names)]
+        order = [names[k] for k in orders[i % len(orders)]]
         for name in order:
             if name == "floor":
                 if i > 0:
