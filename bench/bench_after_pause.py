@@ -1,0 +1,139 @@
+"""How a decode step's first steps slow down after other work: why the benches balance their order.
+
+The side-by-side benches run variants in rounds, one after another, so what runs just before a
+variant's first steps is another variant. This bench measures what that costs, on the bench
+decoder (:mod:`bench.model`): before each round of ``--steps`` steps of a target (the weight GEMVs
+alone, ``floor-gemv``; the launch unit called directly, ``torchair-nodynamo``; the same step
+through ``cache_compile``, ``torchair-cache``), one *predecessor* runs, untimed:
+
+- ``none``: nothing more (the round before was another target's: a step after a step);
+- ``eager``: one step of the module called eagerly (~1-2 ms of ATen calls and allocations);
+- ``busy``: ``--pause-ms`` of a Python busy-wait on the calling thread (no memory traffic);
+- ``sleep``: ``time.sleep`` for ``--pause-ms`` (the process idle).
+
+Reported per predecessor and target: the median step time at each position of the round, and the
+first step's time over the last positions' (the steady state). Targets rotate in balanced orders
+(``balanced_orders``); the garbage collector is frozen once and off while timing.
+
+    python -m bench.bench_after_pause                  # batch 1, 40 rounds of 12 steps
+    python -m bench.bench_after_pause --quick --engine fx
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from bench import _harness as H
+from bench._decode_variants import make_variant
+from bench.model import DecoderStep, ModelConfig, make_schedule
+from torchair.demo.roofline import GemvFloor, balanced_orders
+
+PREDECESSORS = ("none", "eager", "busy", "sleep")
+TARGETS = ("floor-gemv", "torchair-nodynamo", "torchair-cache")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--steps", type=int, default=12, help="timed steps per round")
+    p.add_argument("--rounds", type=int, default=40, help="rounds per predecessor")
+    p.add_argument("--pause-ms", type=float, default=1.8,
+                   help="length of the busy and sleep predecessors (default: about eager's step)")
+    p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
+    p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
+                   help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
+    p.add_argument("--out", default=None, help="JSON path (default results/after_pause_<tag>.json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.steps = min(args.rounds, 3), min(args.steps, 3)
+    if args.batch < 1 or args.steps < 1 or args.rounds < 1 or args.pause_ms < 0:
+        p.error("--batch, --steps and --rounds must be >= 1 and --pause-ms >= 0")
+    return args
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    info = H.machine_info("cpu")
+    H.print_machine(info)
+    cfg = (ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
+           if args.quick else
+           ModelConfig(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1536,
+                       capacity=1024))
+    torch.manual_seed(0)
+    model = DecoderStep(cfg).eval()
+    init = [torch.zeros(args.batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
+    warm = 3
+    windows = max(1, (cfg.capacity - warm - args.batch - 2) // args.steps)
+    schedule = make_schedule(cfg, args.batch, warm + args.steps * windows, "cpu", torch.float32, 0)
+    pause = args.pause_ms / 1e3
+    with torch.no_grad():
+        steps = {n: make_variant(n, model, init, init, run_eagerly=args.engine == "fx")
+                 for n in ("eager", "torchair-nodynamo", "torchair-cache")}
+        for v in steps.values():
+            for s in schedule[:warm]:
+                v(s)
+        gemv = GemvFloor.of_module(model, args.batch)
+        gemv()
+        targets: dict[str, Callable[[int], Any]] = {
+            "floor-gemv": lambda i: gemv(),
+            "torchair-nodynamo": lambda i: steps["torchair-nodynamo"](schedule[i]),
+            "torchair-cache": lambda i: steps["torchair-cache"](schedule[i])}
+        before: dict[str, Callable[[], Any]] = {
+            "none": lambda: None, "eager": lambda: steps["eager"](schedule[warm]),
+            "busy": lambda: _busy(pause), "sleep": lambda: time.sleep(pause)}
+        orders = balanced_orders(len(TARGETS))
+        times = {p: {t: [[] for _ in range(args.steps)] for t in TARGETS} for p in PREDECESSORS}
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        try:
+            for r in range(args.rounds):
+                window = range(warm + (r % windows) * args.steps,
+                               warm + (r % windows + 1) * args.steps)
+                for p in PREDECESSORS:
+                    for k in orders[r % len(orders)]:
+                        name = TARGETS[k]
+                        before[p]()
+                        for pos, t in enumerate(H.time_calls(targets[name], window, lambda: None)):
+                            times[p][name][pos].append(t * 1e6)
+        finally:
+            gc.enable()
+            gc.unfreeze()
+    table = {p: {t: [statistics.median(x) for x in rows] for t, rows in by.items()}
+             for p, by in times.items()}
+    tail = max(1, args.steps // 3)  # the steady state: the last third of the round
+    first_over_steady = {p: {t: v[0] / statistics.median(v[-tail:]) for t, v in by.items()}
+                         for p, by in table.items()}
+    head = ["predecessor / target, us by position"] + [str(k) for k in range(args.steps)]
+    rows = [[f"{p} / {t}"] + [round(x) for x in v] for p, by in table.items() for t, v in by.items()]
+    print(f"batch {args.batch}, {cfg.layers} layers, hidden {cfg.hidden}; {args.rounds} rounds of "
+          f"{args.steps} steps per predecessor and target; medians over rounds")
+    print(H.format_table(head, rows))
+    print("\nfirst step / steady state (median of the last third of the round):")
+    for p, by in first_over_steady.items():
+        print(f"  after {p:6s}: " + ", ".join(f"{t} {x:.2f}x" for t, x in by.items()))
+    payload = {"benchmark": "after_pause", "command": H.command_line(), "machine": info,
+               "config": {"batch": args.batch, "steps": args.steps, "rounds": args.rounds,
+                          "pause_ms": args.pause_ms, "model": dataclasses.asdict(cfg),
+                          "engine": args.engine},
+               "by_position_us": table, "first_over_steady": first_over_steady,
+               "total_runtime_s": time.perf_counter() - start}
+    H.save_results("after_pause", H.machine_tag(info), payload, quick=args.quick, out=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
