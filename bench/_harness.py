@@ -10,6 +10,7 @@ the same machine load; comparing numbers across runs or machines is not meaningf
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import json
@@ -21,7 +22,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -207,6 +208,24 @@ def time_calls(fn: Callable[[int], Any], steps: Sequence[int],
     return times
 
 
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Collect once and freeze what is left (``gc.freeze``: later collections skip it), for timed
+    loops that collect between rounds; afterwards the objects frozen here are unfrozen and the
+    collector is on or off as before. A caller's own freeze is kept (nothing is frozen or
+    unfrozen here then)."""
+    enabled, own = gc.isenabled(), gc.get_freeze_count() == 0
+    if own:
+        gc.collect()
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if own:
+            gc.unfreeze()
+        (gc.enable if enabled else gc.disable)()
+
+
 def interleaved_rounds(variants: Mapping[str, Callable[[int], Any]],
                        steps_of_round: Callable[[int], Sequence[int]], rounds: int,
                        sync: Callable[[], None], *,
@@ -216,42 +235,38 @@ def interleaved_rounds(variants: Mapping[str, Callable[[int], Any]],
     """Per-step seconds of every variant, ``result[name][round][i]``.
 
     Round ``r`` runs ``fn(step)`` for each step in ``steps_of_round(r)``, for every variant, in
-    the order ``balanced_orders`` gives round ``r`` (each variant at each place, and right
-    after each other variant, equally often over the orders). ``before_round``/``after_round``
-    run outside the timed region (for bookkeeping such as recompile counters).
+    the order ``balanced_orders`` gives round ``r`` (over a whole cycle of its orders, each
+    variant at each place, and right after each other variant, equally often).
+    ``before_round``/``after_round`` run outside the timed region (for bookkeeping such as
+    recompile counters).
 
-    With ``collect_garbage`` the collector runs once before the rounds and freezes what it
-    keeps (``gc.freeze``), then is off during each variant's round and runs again between
-    rounds, on the objects made since only. A full collection before every round, as before,
-    walked the whole process (some 250 ms after an Inductor compile, 100 s in a run) and
-    evicted every cache ahead of each round's first step; a serving loop does not do that.
+    With ``collect_garbage`` the heap is collected and frozen once (:func:`frozen_heap`); the
+    collector is off during each variant's round and collects before it, skipping the frozen
+    objects. A full collection of the whole process before every round, as before, took some
+    250 ms after an Inductor compile (100 s in a run) and evicted every cache ahead of each
+    round's first step; a serving loop does not do that.
     """
     names = list(variants)
     orders = balanced_orders(len(names))
     result: dict[str, list[list[float]]] = {name: [] for name in names}
-    if collect_garbage:
-        gc.collect()
-        gc.freeze()
-    try:
+    with frozen_heap() if collect_garbage else contextlib.nullcontext():
         for r in range(rounds):
             steps = list(steps_of_round(r))
             for k in orders[r % len(orders)]:
                 name = names[k]
                 if before_round is not None:
                     before_round(name, r)
+                enabled = gc.isenabled()
                 if collect_garbage:
                     gc.collect()
                     gc.disable()
                 try:
                     result[name].append(time_calls(variants[name], steps, sync))
                 finally:
-                    if collect_garbage:
+                    if collect_garbage and enabled:
                         gc.enable()
                 if after_round is not None:
                     after_round(name, r)
-    finally:
-        if collect_garbage:
-            gc.unfreeze()
     return result
 
 

@@ -12,8 +12,9 @@ through ``cache_compile``, ``torchair-cache``), one *predecessor* runs, untimed:
 - ``sleep``: ``time.sleep`` for ``--pause-ms`` (the process idle).
 
 Reported per predecessor and target: the median step time at each position of the round, and the
-first step's time over the last positions' (the steady state). Targets rotate in balanced orders
-(``balanced_orders``); the garbage collector is frozen once and off while timing.
+first step's time over the last positions' (the steady state). Targets run in balanced orders
+(``balanced_orders``) after one untimed round of every predecessor and target; the heap is
+frozen once and the garbage collector off while timing.
 
     python -m bench.bench_after_pause                  # batch 1, 40 rounds of 12 steps
     python -m bench.bench_after_pause --quick --engine fx
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=12, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=40, help="rounds per predecessor")
+    p.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS),
+                   help="the steps timed (default: all three)")
     p.add_argument("--pause-ms", type=float, default=1.8,
                    help="length of the busy and sleep predecessors (default: about eager's step)")
     p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
@@ -76,42 +79,42 @@ def main(argv: list[str] | None = None) -> int:
     model = DecoderStep(cfg).eval()
     init = [torch.zeros(args.batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
     warm = 3
-    windows = max(1, (cfg.capacity - warm - args.batch - 2) // args.steps)
+    windows = (cfg.capacity - warm - args.batch - 2) // args.steps  # make_schedule's room
+    if windows < 1:
+        raise SystemExit(f"--steps {args.steps} at --batch {args.batch} does not fit the model's "
+                         f"{cfg.capacity} KV positions: lower --steps or --batch")
     schedule = make_schedule(cfg, args.batch, warm + args.steps * windows, "cpu", torch.float32, 0)
     pause = args.pause_ms / 1e3
     with torch.no_grad():
+        built = ["eager"] + [t for t in args.targets if t != "floor-gemv"]
         steps = {n: make_variant(n, model, init, init, run_eagerly=args.engine == "fx")
-                 for n in ("eager", "torchair-nodynamo", "torchair-cache")}
+                 for n in built}
         for v in steps.values():
             for s in schedule[:warm]:
                 v(s)
         gemv = GemvFloor.of_module(model, args.batch)
         gemv()
         targets: dict[str, Callable[[int], Any]] = {
-            "floor-gemv": lambda i: gemv(),
-            "torchair-nodynamo": lambda i: steps["torchair-nodynamo"](schedule[i]),
-            "torchair-cache": lambda i: steps["torchair-cache"](schedule[i])}
+            t: (lambda i: gemv()) if t == "floor-gemv" else (lambda i, v=steps[t]: v(schedule[i]))
+            for t in TARGETS if t in args.targets}
+        names = list(targets)
         before: dict[str, Callable[[], Any]] = {
             "none": lambda: None, "eager": lambda: steps["eager"](schedule[warm]),
             "busy": lambda: _busy(pause), "sleep": lambda: time.sleep(pause)}
-        orders = balanced_orders(len(TARGETS))
-        times = {p: {t: [[] for _ in range(args.steps)] for t in TARGETS} for p in PREDECESSORS}
-        gc.collect()
-        gc.freeze()
-        gc.disable()
-        try:
-            for r in range(args.rounds):
+        orders = balanced_orders(len(names))
+        times = {p: {t: [[] for _ in range(args.steps)] for t in names} for p in PREDECESSORS}
+        with H.frozen_heap():
+            gc.disable()
+            for r in range(-1, args.rounds):  # round -1: untimed, as the first round's predecessor
                 window = range(warm + (r % windows) * args.steps,
                                warm + (r % windows + 1) * args.steps)
                 for p in PREDECESSORS:
                     for k in orders[r % len(orders)]:
-                        name = TARGETS[k]
+                        name = names[k]
                         before[p]()
-                        for pos, t in enumerate(H.time_calls(targets[name], window, lambda: None)):
+                        timed = H.time_calls(targets[name], window, lambda: None)
+                        for pos, t in enumerate(timed if r >= 0 else ()):
                             times[p][name][pos].append(t * 1e6)
-        finally:
-            gc.enable()
-            gc.unfreeze()
     table = {p: {t: [statistics.median(x) for x in rows] for t, rows in by.items()}
              for p, by in times.items()}
     tail = max(1, args.steps // 3)  # the steady state: the last third of the round
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  after {p:6s}: " + ", ".join(f"{t} {x:.2f}x" for t, x in by.items()))
     payload = {"benchmark": "after_pause", "command": H.command_line(), "machine": info,
                "config": {"batch": args.batch, "steps": args.steps, "rounds": args.rounds,
+                          "targets": names,
                           "pause_ms": args.pause_ms, "model": dataclasses.asdict(cfg),
                           "engine": args.engine},
                "by_position_us": table, "first_over_steady": first_over_steady,

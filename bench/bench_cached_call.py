@@ -7,7 +7,7 @@ between two calls, so the check runs with them cold. This bench times the bench 
 (the entry's check, ``Runtime.check``; its launch unit, ``Runtime.__call__``; the rest: the
 frame, ``CachedFunction``'s own layers), beside the same launch unit called with Dynamo's flat
 arguments and nothing checked (``torchair-nodynamo``) and, optionally, ``eager``. The variants
-rotate in interleaved rounds of ``--steps`` steps (``_harness.interleaved_rounds``, as
+run in interleaved rounds of ``--steps`` steps (``_harness.interleaved_rounds``, as
 ``bench_decode_step.py``); each number is a median over rounds at one position in the round:
 position 0 runs right after another variant, the later ones after their own previous step,
 which is the serving loop's state.

@@ -64,7 +64,7 @@ from bench.model import DecoderLayer, DecoderStep, ModelConfig, make_schedule
 from torchair.demo.roofline import balanced_orders
 
 TP = 2
-VARIANTS = (  # (tp, name): rotated together in every round
+VARIANTS = (  # (tp, name): all of them in every round, in balanced orders
     (1, "eager"), (1, "torchair"), (1, "eager-2threads"), (2, "eager"), (2, "torchair"),
     (2, "allreduce-only"), (2, "eager-noreduce"))
 

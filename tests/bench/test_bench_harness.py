@@ -25,6 +25,13 @@ def test_balanced_orders_put_each_variant_after_each_other_equally_often(n):
     assert len(set(after.values())) <= 1
 
 
+@pytest.mark.parametrize("n", [3, 5, 7])
+def test_odd_orders_come_with_their_mirror_next(n):
+    # two consecutive rounds already pair each neighbour both ways
+    orders = balanced_orders(n)
+    assert all(orders[k + 1] == orders[k][::-1] for k in range(0, len(orders), 2))
+
+
 def test_balanced_orders_refuse_an_empty_set():
     with pytest.raises(ValueError, match="n must be >= 1"):
         balanced_orders(0)
@@ -65,3 +72,28 @@ def test_device_time_is_the_gpus_own_time_per_call():
     assert 2 * 4096 ** 3 / (large * 1e-6) < 5e15  # below any GPU's fp32 peak: real time
     assert H.device_time_us(lambda _: a.sum().item()) is None  # a host sync cannot be captured
     assert H.device_time_us(lambda _: a @ a) is not None  # and CUDA is usable afterwards
+
+
+def test_interleaved_rounds_keep_the_callers_collector_state():
+    seen = []
+
+    def variant(step):
+        seen.append((gc.isenabled(), gc.get_freeze_count()))
+
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    gc.disable()
+    try:
+        H.interleaved_rounds({"a": variant, "b": variant}, lambda r: [r], rounds=2,
+                             sync=lambda: None)
+        assert not gc.isenabled()  # off before, off after
+        assert gc.get_freeze_count() == frozen  # the caller's freeze is kept
+        assert all(not on and count == frozen for on, count in seen)
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    with pytest.raises(ZeroDivisionError):  # a variant that raises leaves nothing behind
+        H.interleaved_rounds({"a": lambda step: 1 / 0}, lambda r: [r], rounds=1,
+                             sync=lambda: None)
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -148,19 +148,21 @@ def x_floor(time_us: float | None, floor: float | None) -> float | None:
 
 
 def balanced_orders(n: int) -> list[list[int]]:
-    """Orders in which to run ``n`` side-by-side variants, one order per round, so that over all
-    the orders each variant runs at each place and right after each other variant equally often
-    (a Williams design: ``n`` orders for even ``n``, ``2n`` for odd).
+    """Orders in which to run ``n`` side-by-side variants, one order per round, so that over a
+    whole cycle of the orders each variant runs at each place and right after each other variant
+    equally often (a Williams design: ``n`` orders for even ``n``, ``2n`` for odd ``n > 1``, each
+    order followed by its mirror image so that any two consecutive rounds already pair each
+    neighbour both ways; ``[[0]]`` for one).
 
-    What runs just before a step matters: a step right after eager's (1-2 ms of allocations and
-    ATen calls) took up to twice its time at its first step and needed about ten to recover,
-    and a step after the lean ``torchair-nodynamo`` almost nothing. A fixed cyclic order rotated
-    by the round, as the benches used before, gives every variant the same predecessor in all
-    rounds but one in ``n``: the floor rows always followed the leanest variant."""
+    What runs just before a step matters: a step right after eager's (1-2 ms of ATen calls and
+    allocations) or after any pause took up to twice its time at its first step and needed five
+    to ten to recover (``bench_after_pause.py``). A fixed cyclic order rotated by the round, as
+    the benches used before, gives every variant the same predecessor in all rounds but one in
+    ``n``: the floor rows always followed the leanest variant."""
     if n < 1:
         raise ValueError(f"balanced_orders: n must be >= 1, got {n}")
     first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
     orders = [[(k + r) % n for k in first] for r in range(n)]
-    if n % 2 and n > 1:  # odd: the mirrored orders give each pair its other adjacency
-        orders += [order[::-1] for order in orders]
+    if n % 2 and n > 1:  # odd: each order's mirror gives its pairs their other adjacency
+        orders = [o for order in orders for o in (order, order[::-1])]
     return orders

@@ -14,10 +14,11 @@ The prompt is prefilled eagerly, token by token through the same step; then eage
 compiled step and the same step through ``torchair.inference.cache_compile`` (TorchAir's serving
 entry: the same path-4 launch unit, later calls checked by torchair's own guards instead of
 Dynamo's per-call work; ``--no-cache-compile`` leaves it out) generate side by side (each with its
-own KV cache, in balanced orders: each one right after each other equally often), and the demo prints per-step latency, compile counts,
-the gears and whether the tokens match. Exit code 0 only when every compiled step's tokens equal
-eager's exactly. ``--experts E --top-k K`` makes every layer's MLP a mixture of experts through
-torch_npu's MoE ops (:class:`torchair.demo.model.MoE`), in the same one static graph.
+own KV cache, in balanced orders: each one right after each other equally often), and the demo
+prints per-step latency, compile counts, the gears and whether the tokens match. Exit code 0
+only when every compiled step's tokens equal eager's exactly. ``--experts E --top-k K`` makes
+every layer's MLP a mixture of experts through torch_npu's MoE ops
+(:class:`torchair.demo.model.MoE`), in the same one static graph.
 """
 from __future__ import annotations
 
