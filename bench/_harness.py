@@ -270,6 +270,16 @@ def interleaved_rounds(variants: Mapping[str, Callable[[int], Any]],
     return result
 
 
+def add_unit_bench_options(p: Any, benchmark: str) -> None:
+    """``--quick``, ``--engine`` and ``--out`` of the benches that time the bench decoder's launch
+    units (``bench_cached_call``, ``bench_after_pause``) on argparse parser ``p``."""
+    p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
+    p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
+                   help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
+    p.add_argument("--out", default=None,
+                   help=f"JSON path (default results/{benchmark}_<tag>.json)")
+
+
 def record_failure(result: dict[str, Any], name: str, exc: BaseException) -> None:
     """Record in a variant's ``result`` that it failed (error, traceback, not to be timed) and
     say so; called from the ``except`` block, so the traceback is the exception's."""

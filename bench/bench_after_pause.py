@@ -32,7 +32,7 @@ import torch
 
 from bench import _harness as H
 from bench._decode_variants import make_variant
-from bench.model import DecoderStep, ModelConfig, make_schedule
+from bench.model import host_bench_decoder, make_schedule
 from torchair.demo.roofline import GemvFloor, balanced_orders
 
 PREDECESSORS = ("none", "eager", "busy", "sleep")
@@ -48,10 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the steps timed (default: all three)")
     p.add_argument("--pause-ms", type=float, default=1.8,
                    help="length of the busy and sleep predecessors (default: about eager's step)")
-    p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
-    p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
-                   help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
-    p.add_argument("--out", default=None, help="JSON path (default results/after_pause_<tag>.json)")
+    H.add_unit_bench_options(p, "after_pause")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.steps = min(args.rounds, 3), min(args.steps, 3)
@@ -71,13 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     info = H.machine_info("cpu")
     H.print_machine(info)
-    cfg = (ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
-           if args.quick else
-           ModelConfig(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1536,
-                       capacity=1024))
-    torch.manual_seed(0)
-    model = DecoderStep(cfg).eval()
-    init = [torch.zeros(args.batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
+    cfg, model, init = host_bench_decoder(args.quick, args.batch)
     warm = 3
     windows = (cfg.capacity - warm - args.batch - 2) // args.steps  # make_schedule's room
     if windows < 1:

@@ -28,7 +28,7 @@ import torch
 
 from bench import _harness as H
 from bench._decode_variants import make_variant
-from bench.model import DecoderStep, ModelConfig, make_schedule
+from bench.model import host_bench_decoder, make_schedule
 from torchair.inference import _cache_runtime
 
 PARTS = ("check", "unit", "rest")
@@ -69,10 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--eager", action="store_true", help="run eager as a third variant")
-    p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
-    p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
-                   help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
-    p.add_argument("--out", default=None, help="JSON path (default results/cached_call_<tag>.json)")
+    H.add_unit_bench_options(p, "cached_call")
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.steps = min(args.rounds, 3), min(args.steps, 3)
@@ -86,13 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     info = H.machine_info("cpu")
     H.print_machine(info)
-    cfg = (ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
-           if args.quick else
-           ModelConfig(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1536,
-                       capacity=1024))
-    torch.manual_seed(0)
-    model = DecoderStep(cfg).eval()
-    init = [torch.zeros(args.batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
+    cfg, model, init = host_bench_decoder(args.quick, args.batch)
     warm = 3  # compiling and first calls
     # as many windows of fresh lengths as the rounds need and the cache's capacity allows (each
     # call grows every sequence by one; make_schedule keeps batch + 2 positions of room)

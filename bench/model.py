@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import torchair  # noqa: F401  (registers torch.ops.npu.*)
 
 __all__ = ["ModelConfig", "RMSNorm", "DecoderLayer", "DecoderStep", "StepInput",
-           "make_schedule"]
+           "host_bench_decoder", "make_schedule"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +118,21 @@ class DecoderStep(torch.nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, pos, lens, k_caches[i], v_caches[i])
         return self.norm(h)
+
+
+def host_bench_decoder(quick: bool, batch: int) -> tuple[ModelConfig, DecoderStep,
+                                                         list[torch.Tensor]]:
+    """The decoder the host-cost benches time (``bench_cached_call``, ``bench_after_pause``):
+    2 layers of hidden 512 with 1024 KV positions, or with ``quick`` a tiny one (1 layer, hidden
+    64, 64 positions); seeded weights, in eval mode, and zeroed KV caches for ``batch``."""
+    cfg = (ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
+           if quick else
+           ModelConfig(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1536,
+                       capacity=1024))
+    torch.manual_seed(0)
+    model = DecoderStep(cfg).eval()
+    init = [torch.zeros(batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
+    return cfg, model, init
 
 
 @dataclasses.dataclass
