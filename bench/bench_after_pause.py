@@ -32,7 +32,7 @@ import torch
 
 from bench import _harness as H
 from bench._decode_variants import make_variant
-from bench.model import host_bench_decoder, make_schedule
+from bench.model import host_bench_decoder, make_schedule, max_calls
 from torchair.demo.roofline import GemvFloor, balanced_orders
 
 PREDECESSORS = ("none", "eager", "busy", "sleep")
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     H.print_machine(info)
     cfg, model, init = host_bench_decoder(args.quick, args.batch)
     warm = 3
-    windows = (cfg.capacity - warm - args.batch - 2) // args.steps  # make_schedule's room
+    windows = (max_calls(cfg, args.batch) - warm) // args.steps
     if windows < 1:
         raise SystemExit(f"--steps {args.steps} at --batch {args.batch} does not fit the model's "
                          f"{cfg.capacity} KV positions: lower --steps or --batch")

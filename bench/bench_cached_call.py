@@ -28,7 +28,7 @@ import torch
 
 from bench import _harness as H
 from bench._decode_variants import make_variant
-from bench.model import host_bench_decoder, make_schedule
+from bench.model import host_bench_decoder, make_schedule, max_calls
 from torchair.inference import _cache_runtime
 
 PARTS = ("check", "unit", "rest")
@@ -85,9 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     H.print_machine(info)
     cfg, model, init = host_bench_decoder(args.quick, args.batch)
     warm = 3  # compiling and first calls
-    # as many windows of fresh lengths as the rounds need and the cache's capacity allows (each
-    # call grows every sequence by one; make_schedule keeps batch + 2 positions of room)
-    windows = max(1, min(args.rounds, (cfg.capacity - warm - args.batch - 2) // args.steps))
+    # as many windows of fresh lengths as the rounds need and the KV cache holds (max_calls)
+    windows = max(1, min(args.rounds, (max_calls(cfg, args.batch) - warm) // args.steps))
     n_calls = warm + args.steps * windows
     schedule = make_schedule(cfg, args.batch, n_calls, "cpu", torch.float32, 0)
     names = (["eager"] if args.eager else []) + ["torchair-cache", "torchair-nodynamo"]

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import torchair  # noqa: F401  (registers torch.ops.npu.*)
 
 __all__ = ["ModelConfig", "RMSNorm", "DecoderLayer", "DecoderStep", "StepInput",
-           "host_bench_decoder", "make_schedule"]
+           "host_bench_decoder", "make_schedule", "max_calls"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +144,12 @@ class StepInput:
     lens: list[int]
 
 
+def max_calls(cfg: ModelConfig, batch: int) -> int:
+    """The most calls :func:`make_schedule` fits in ``cfg``'s KV cache at ``batch`` (each call
+    grows every sequence by one; ``batch + 2`` positions stay for the distinct first lengths)."""
+    return cfg.capacity - 2 - batch
+
+
 def make_schedule(cfg: ModelConfig, batch: int, n_calls: int, device: str, dtype: torch.dtype,
                   seed: int) -> list[StepInput]:
     """``n_calls`` step inputs whose lengths are new at every call: sequence ``b`` has length
@@ -151,7 +157,7 @@ def make_schedule(cfg: ModelConfig, batch: int, n_calls: int, device: str, dtype
     column for the whole batch, as ``index_copy_`` writes). Bases are distinct and >= 2, so the
     first call's lengths are distinct values >= 2 (Dynamo specializes 0 and 1)."""
     room = cfg.capacity - n_calls
-    if room < 2 + batch:
+    if n_calls > max_calls(cfg, batch):
         raise SystemExit(f"--capacity {cfg.capacity} is too small for {n_calls} calls at batch "
                          f"{batch}; raise --capacity or lower --steps/--rounds")
     rng = random.Random(seed)

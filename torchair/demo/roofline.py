@@ -16,8 +16,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["GemvFloor", "balanced_orders", "last_level_cache_bytes", "read_bandwidth", "kv_read_bytes",
-           "floor_us", "x_floor"]
+__all__ = ["GemvFloor", "balanced_orders", "last_level_cache_bytes", "read_bandwidth",
+           "kv_read_bytes", "floor_us", "x_floor"]
 
 
 def last_level_cache_bytes() -> int | None:
