@@ -96,6 +96,25 @@ def test_generated_check_agrees_with_the_general_check(tmp_path):
     assert served >= 2
 
 
+def test_type_guards_on_one_type_share_one_check(tmp_path):
+    """The ints of ``lens`` and ``k`` are guarded on one type: the generated check tests them
+    with one TypeIs (one object to read on a cold call), one per recorded type; a float where
+    an int was traced is still refused (the agreement test above runs those calls)."""
+    import re
+
+    cached, good = _warm(tmp_path)
+    program = cached.runtime.guards.program
+    names = re.findall(r"is (t[0-9]+)\.last", program.source)
+    wants = {name: program.__globals__[name].want for name in names}
+    assert len(names) > len(wants), program.source  # several guards, fewer objects
+    assert len(set(wants.values())) == len(wants)  # one object per recorded type
+    assert ("builtins", "int") in wants.values()
+    bad = (good[0], [3.0, 4]) + good[2:]
+    with torch.no_grad():
+        assert program(cached.frame(bad, {}), cached.frame.globals) is None
+        assert program(cached.frame(good, {}), cached.frame.globals) is not None
+
+
 class _Passthrough(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))

@@ -91,6 +91,10 @@ class _Writer:
         self.names: dict[str, Any] = {"__builtins__": {}}
         self._bound: dict[int, str] = {}
         self.spec: tuple = (None, None)  # the guard's recorded type / object (identity checks)
+        # one TypeIs per recorded type: the guards on a batch's lengths (one per int) then read
+        # one object's ``last``, not one object per guard, on a call that runs with the caches
+        # the step evicted (a TypeIs depends only on what it wants)
+        self._types: dict[tuple, TypeIs] = {}
 
     def bind(self, value: Any, prefix: str = "c") -> str:
         """A name for ``value`` in the function's namespace."""
@@ -215,7 +219,9 @@ class _Writer:
         # check's own call runs only when it is another one (a variable is read twice, any other
         # expression goes to the call alone)
         if name == "___check_type_id" and len(node.args) == 2 and spec[0] is not None:
-            check, value = self.bind(TypeIs(tuple(spec[0])), "t"), self.expr(node.args[0])
+            want = tuple(spec[0])
+            check = self.bind(self._types.setdefault(want, TypeIs(want)), "t")
+            value = self.expr(node.args[0])
             if _VARIABLE.fullmatch(value):
                 return f"({self.bind(type)}({value}) is {check}.last or {check}({value}))"
             return f"{check}({value})"
