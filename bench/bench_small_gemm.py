@@ -8,6 +8,8 @@ side in interleaved rounds (``_harness``):
 
 * ``aten``: ``F.linear(x, W)`` for each weight (what eager and an unbound unit run);
 * ``gemv``: ``torch.ops.torchair_native.gemv(x, W.t())`` (what a bound CPU static unit runs);
+* ``gemv-noprefetch``: the same with the kernel's software prefetch of the weight off (it is on
+  for products of 2 rows or more: ``torchair.ops.matmul.cpu.set_prefetch``);
 * ``sum``: ``W.sum()`` for each weight: a streaming read of the same bytes, the bandwidth floor.
 
 Both products are called from Python here, one dispatcher call per weight each. Prints per M the
@@ -53,11 +55,18 @@ def _variants(weights: list[torch.Tensor], rows: int) -> dict:
         for x, _w, w_t in pairs:
             op(x, w_t)
 
+    def gemv_no_prefetch(_):
+        _mm.set_prefetch(False)
+        try:
+            gemv(_)
+        finally:
+            _mm.set_prefetch(True)
+
     def read(_):
         for w in weights:
             w.sum()
 
-    return {"aten": aten, "gemv": gemv, "sum": read}
+    return {"aten": aten, "gemv": gemv, "gemv-noprefetch": gemv_no_prefetch, "sum": read}
 
 
 def main(argv=None) -> int:
@@ -91,19 +100,24 @@ def main(argv=None) -> int:
                                              _harness.synchronizer("cpu"))
         stats = {name: _harness.summarize(r) for name, r in rounds.items()}
         paired = _harness.paired_ratios(rounds["aten"], rounds["gemv"])
+        prefetch_paired = _harness.paired_ratios(rounds["gemv-noprefetch"], rounds["gemv"])
         gbps = {name: nbytes / (s["median"] * 1e-6) / 1e9 for name, s in stats.items()}
         results.append({"rows": rows, "us": stats, "gb_per_s": gbps,
                         "aten_over_gemv": stats["aten"]["median"] / stats["gemv"]["median"],
-                        "aten_over_gemv_paired": paired})
+                        "aten_over_gemv_paired": paired,
+                        "noprefetch_over_gemv_paired": prefetch_paired})
         table.append([rows, round(stats["aten"]["median"]), round(stats["gemv"]["median"]),
+                      round(stats["gemv-noprefetch"]["median"]),
                       round(stats["sum"]["median"]), round(gbps["aten"], 1),
                       round(gbps["gemv"], 1), round(gbps["sum"], 1),
                       f"{stats['aten']['median'] / stats['gemv']['median']:.2f}x",
+                      f"{prefetch_paired['median']:.2f}x",
                       "yes" if _mm.MIN_ROWS <= rows <= _mm.MAX_ROWS else "no"])
     print(f"\n{len(weights)} weights, {nbytes / 2**20:.1f} MiB; median us per step (all "
           f"products), {args.rounds} rounds x {args.steps} steps")
-    print(_harness.format_table(["rows", "aten us", "gemv us", "sum us", "aten GB/s",
-                                 "gemv GB/s", "sum GB/s", "aten/gemv", "bound"], table))
+    print(_harness.format_table(["rows", "aten us", "gemv us", "no-prefetch us", "sum us",
+                                 "aten GB/s", "gemv GB/s", "sum GB/s", "aten/gemv",
+                                 "no-prefetch/gemv (paired)", "bound"], table))
     payload = {"benchmark": "small_gemm", "machine": info, "args": vars(args),
                "command": _harness.command_line(), "weight_bytes": nbytes,
                "min_rows": _mm.MIN_ROWS, "max_rows": _mm.MAX_ROWS,

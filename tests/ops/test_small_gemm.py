@@ -77,6 +77,26 @@ def test_wide_weights_split_over_threads_give_the_same_bits():
     _close(two, x, w.t(), b)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 12])
+def test_the_weight_prefetch_changes_no_bit(m):
+    """Products of 2 rows or more prefetch the next block of W; with it off the same products come
+    out bit for bit. The weights here end their buffer (the last block's prefetch reads past
+    it: prefetches never fault) or are a slice of a wider one (rows ldw apart)."""
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 300, generator=g)
+    end = torch.randn(1, 4099 * 300, generator=g)[:, -257 * 300:].view(257, 300)
+    wide = torch.randn(130, 700, generator=g)[:, 100:400]
+    for w in (end, wide):
+        _mm.set_prefetch(False)
+        try:
+            without = _gemv(x, w.t())
+        finally:
+            _mm.set_prefetch(True)
+        with_prefetch = _gemv(x, w.t())
+        assert torch.equal(with_prefetch, without)
+        _close(with_prefetch, x, w.t())
+
+
 def test_strided_operands():
     """Row strides wider than K (slices of wider tensors) and repeated rows (stride 0)."""
     g = torch.Generator().manual_seed(4)

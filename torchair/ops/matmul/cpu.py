@@ -39,7 +39,7 @@ from torchair.base.log import env_switch, logger
 from torchair.ops.toolchain import native as _native
 
 __all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows", "default_min_rows",
-           "gemv", "reference", "vector_bits"]
+           "gemv", "reference", "set_prefetch", "vector_bits"]
 
 
 def default_min_rows(vendor: str | None = None, mkl: bool | None = None) -> int:
@@ -80,11 +80,12 @@ def _cpu_vendor() -> str:
 MIN_ROWS = default_min_rows()
 MAX_ROWS = 32
 ENV_SWITCH = "TORCHAIR_SMALL_GEMM"  # 0: static units keep ATen's mm (eager's products, bit for bit)
-_SYMBOLS = ("torchair_gemm_register", "torchair_gemm_vector_bits")
+_SYMBOLS = ("torchair_gemm_register", "torchair_gemm_vector_bits", "torchair_gemm_set_prefetch")
 _lock = threading.Lock()
 _result: bool | None = None
 _bits = 0
 _fake_lib: Any = None
+_lib: Any = None
 
 
 def available() -> bool:
@@ -110,7 +111,7 @@ def vector_bits() -> int:
 
 
 def _load_now() -> bool:
-    global _bits, _fake_lib
+    global _bits, _fake_lib, _lib
     lib = _native.load("small_gemm", symbols=_SYMBOLS)
     if lib is None:
         return False
@@ -127,8 +128,17 @@ def _load_now() -> bool:
         return False
     _fake_lib = torch.library.Library("torchair_native", "FRAGMENT")
     torch.library.register_fake("torchair_native::gemv", _gemv_fake, lib=_fake_lib)
-    _bits = bits
+    _bits, _lib = bits, lib
     return True
+
+
+def set_prefetch(on: bool) -> None:
+    """Whether products of 2 rows or more prefetch the next block of the weight while they
+    compute (on by default; ``available()`` must be True). For benches that time the kernel
+    with and without it in one process (``bench_small_gemm.py``)."""
+    if not available():
+        raise RuntimeError("torchair_native::gemv is not available here")
+    _lib.torchair_gemm_set_prefetch(ctypes.c_int(1 if on else 0))
 
 
 def _gemv_fake(x, w_t, bias=None, abi=0):
