@@ -11,6 +11,7 @@ the same machine load; comparing numbers across runs or machines is not meaningf
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import gc
 import json
@@ -278,6 +279,20 @@ def add_unit_bench_options(p: Any, benchmark: str) -> None:
                    help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
     p.add_argument("--out", default=None,
                    help=f"JSON path (default results/{benchmark}_<tag>.json)")
+
+
+def save_unit_bench(benchmark: str, args: Any, info: dict[str, Any], model: Any, start: float,
+                    config: dict[str, Any], results: dict[str, Any]) -> None:
+    """Save the JSON of a bench that times the bench decoder's launch units (``bench_cached_call``,
+    ``bench_after_pause``, ``bench_host_cold``): the command, the machine ``info``, the config
+    (``--batch``, the bench's own ``config``, the model config ``model``, ``--engine``), the
+    ``results`` and the run time since ``start`` (``time.perf_counter``), where
+    :func:`add_unit_bench_options`' ``--out`` / ``--quick`` say."""
+    payload = {"benchmark": benchmark, "command": command_line(), "machine": info,
+               "config": {"batch": args.batch, **config, "model": dataclasses.asdict(model),
+                          "engine": args.engine},
+               **results, "total_runtime_s": time.perf_counter() - start}
+    save_results(benchmark, machine_tag(info), payload, quick=args.quick, out=args.out)
 
 
 def record_failure(result: dict[str, Any], name: str, exc: BaseException) -> None:

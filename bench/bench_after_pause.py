@@ -22,7 +22,6 @@ frozen once and the garbage collector off while timing.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import statistics
 import time
@@ -119,14 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\nfirst step / steady state (median of the last third of the round):")
     for p, by in first_over_steady.items():
         print(f"  after {p:6s}: " + ", ".join(f"{t} {x:.2f}x" for t, x in by.items()))
-    payload = {"benchmark": "after_pause", "command": H.command_line(), "machine": info,
-               "config": {"batch": args.batch, "steps": args.steps, "rounds": args.rounds,
-                          "targets": names,
-                          "pause_ms": args.pause_ms, "model": dataclasses.asdict(cfg),
-                          "engine": args.engine},
-               "by_position_us": table, "first_over_steady": first_over_steady,
-               "total_runtime_s": time.perf_counter() - start}
-    H.save_results("after_pause", H.machine_tag(info), payload, quick=args.quick, out=args.out)
+    H.save_unit_bench("after_pause", args, info, cfg, start,
+                      {"steps": args.steps, "rounds": args.rounds, "targets": names,
+                       "pause_ms": args.pause_ms},
+                      {"by_position_us": table, "first_over_steady": first_over_steady})
     return 0
 
 

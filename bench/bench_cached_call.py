@@ -19,7 +19,6 @@ which is the serving loop's state.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 from typing import Any, Callable
@@ -139,13 +138,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['torchair-cache']:.0f} us = check {summary['check']:.1f} + unit "
           f"{summary['unit']:.1f} + rest {summary['rest']:.1f}; the unit alone "
           f"(torchair-nodynamo) {summary['torchair-nodynamo']:.0f} us")
-    payload = {"benchmark": "cached_call", "command": H.command_line(), "machine": info,
-               "config": {"batch": args.batch, "steps": args.steps, "rounds": args.rounds,
-                          "model": dataclasses.asdict(cfg), "engine": args.engine},
-               "by_position_us": table, "cache_split_by_position_us": split_table,
-               "later_positions_median_us": summary,
-               "total_runtime_s": time.perf_counter() - start}
-    H.save_results("cached_call", H.machine_tag(info), payload, quick=args.quick, out=args.out)
+    H.save_unit_bench("cached_call", args, info, cfg, start,
+                      {"steps": args.steps, "rounds": args.rounds},
+                      {"by_position_us": table, "cache_split_by_position_us": split_table,
+                       "later_positions_median_us": summary})
     return 0
 
 

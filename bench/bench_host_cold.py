@@ -26,7 +26,6 @@ garbage collector off while timing. The unit is put back afterwards.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import statistics
 import time
@@ -147,13 +146,9 @@ def main(argv: list[str] | None = None) -> int:
           f"the weight GEMVs, {args.rounds} rounds in balanced orders; warm: "
           f"{args.warm_calls} calls back to back; medians")
     print(H.format_table(["part", "cold us", "warm us", "cold / warm"], rows))
-    payload = {"benchmark": "host_cold", "command": H.command_line(), "machine": info,
-               "config": {"batch": args.batch, "rounds": args.rounds,
-                          "warm_calls": args.warm_calls, "model": dataclasses.asdict(cfg),
-                          "engine": args.engine},
-               "cold_us": cold, "warm_us": warm,
-               "total_runtime_s": time.perf_counter() - start}
-    H.save_results("host_cold", H.machine_tag(info), payload, quick=args.quick, out=args.out)
+    H.save_unit_bench("host_cold", args, info, cfg, start,
+                      {"rounds": args.rounds, "warm_calls": args.warm_calls},
+                      {"cold_us": cold, "warm_us": warm})
     return 0
 
 
