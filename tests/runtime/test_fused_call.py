@@ -73,6 +73,51 @@ def test_sunk_buffer_is_written_in_place_and_refuses_what_int64_cannot_hold():
         sunk.stage([None, 2**63, None, 0])
 
 
+def test_a_program_that_only_copies_arguments_says_which():
+    assert PROGRAMS["inputs"][0].copied_inputs() == (1, 3)
+    assert PROGRAMS["arith"][0].copied_inputs() is None  # steps and a constant slot
+    assert HostScalarProgram((0, 2), (), (StepRef(1), 4)).copied_inputs() is None  # a constant
+    assert HostScalarProgram((5,), (), (StepRef(0), StepRef(0))).copied_inputs() == (5, 5)
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+@pytest.mark.parametrize("values", [(5, -9), (True, 0), (7.0, 2), (torch.tensor(3), 1),
+                                    (torch.tensor(6.0), 4)],
+                         ids=["ints", "bool", "float", "int-tensor", "float-tensor"])
+def test_the_packed_buffer_holds_what_the_program_computes(name, values):
+    """The copy-only program's buffer is packed in one call; a value that is not an int (a float,
+    a float tensor) goes the general way, converted as the program converts it, and every
+    program's buffer holds the program's values."""
+    program, _ = PROGRAMS[name]
+    sunk = SunkScalars(program, torch.device("cpu"))
+    assert (sunk._pack is not None) == (name == "inputs")
+    args = [values[0], values[1], values[1], values[0]]  # the copy-only program: [a1, a3]
+    if name == "nested" and isinstance(args[0], torch.Tensor):
+        args = [int(a) for a in args]  # its step subtracts pairs: numbers only
+    assert sunk.stage(args).tolist() == program(args)
+
+
+def test_the_packed_buffer_refuses_what_int64_cannot_hold_and_is_then_rewritten():
+    program = HostScalarProgram((0, 1), (), (StepRef(0), StepRef(1)))
+    sunk = SunkScalars(program, torch.device("cpu"))
+    assert sunk._pack is not None
+    assert sunk.stage([2**63 - 1, -(2**63)]).tolist() == [2**63 - 1, -(2**63)]
+    for bad in ([2**63, 0], [0, -(2**63) - 1]):
+        with pytest.raises(OverflowError):
+            sunk.stage(bad)
+    assert sunk.stage([-3, 4]).tolist() == [-3, 4]
+    one = SunkScalars(HostScalarProgram((2,), (), (StepRef(0),)), torch.device("cpu"))
+    assert one.stage([None, None, 41]).tolist() == [41]
+
+
+def test_checks_on_the_values_keep_the_general_path():
+    program, _ = PROGRAMS["inputs"]
+    sunk = SunkScalars(program, torch.device("cpu"))
+    seen = []
+    sunk.checks = [seen.append]
+    assert sunk.stage([None, 5, None, 6]).tolist() == [5, 6] and seen == [[5, 6]]
+
+
 # ------------------------------------------------------------------------ fused unit call
 
 IFA = torch.ops.npu.npu_incre_flash_attention

@@ -66,6 +66,14 @@ class HostScalarProgram:
                 pending += refs
         return [name for k, name in enumerate(self.input_names) if k in used]
 
+    def copied_inputs(self) -> tuple[int, ...] | None:
+        """The argument position each buffer slot copies when the program does nothing else
+        (no steps, no constant slots: the common case, lengths passed straight through), else
+        None."""
+        if self.steps or not all(isinstance(s, StepRef) for s in self.slots):
+            return None
+        return tuple(self.input_indices[s.index] for s in self.slots)
+
     def __call__(self, args: Sequence[Any]) -> list[int]:
         run = self._run
         if run is None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import array
 import ctypes
+import operator
+import struct
 from typing import Any, Sequence
 
 import torch
@@ -32,8 +34,23 @@ class SunkScalars:
         # eager's checks of lengths that were host lists, on the host values, for the calls
         # that do not check them themselves (torchair.ops.attention.sunk_checks)
         self.checks: list = []
+        # a CPU buffer of a program that only copies arguments (the lengths themselves): one
+        # C-level gather and one pack into the buffer's bytes per call, no list of values
+        self._pack: Any = None
+        copied = program.copied_inputs()
+        if self._host_view is not None and copied:
+            self._pack = struct.Struct(f"={len(copied)}q").pack_into
+            self._bytes = self._host_view.cast("B")
+            self._gather = (operator.itemgetter(*copied) if len(copied) > 1 else
+                            (lambda args, p=copied[0]: (args[p],)))
 
     def stage(self, args: Sequence[Any]) -> torch.Tensor:
+        if self._pack is not None and not self.checks:
+            try:
+                self._pack(self._bytes, 0, *self._gather(args))
+                return self.buffer
+            except (struct.error, TypeError):  # not an int, or out of int64's range: the
+                pass  # general path converts it as before, or says why
         values = self.program(args)
         for check in self.checks:
             check(values)
