@@ -273,12 +273,26 @@ def interleaved_rounds(variants: Mapping[str, Callable[[int], Any]],
 
 def add_unit_bench_options(p: Any, benchmark: str) -> None:
     """``--quick``, ``--engine`` and ``--out`` of the benches that time the bench decoder's launch
-    units (``bench_cached_call``, ``bench_after_pause``) on argparse parser ``p``."""
+    units (``bench_cached_call``, ``bench_after_pause``, ``bench_host_cold``) on argparse parser
+    ``p``."""
     p.add_argument("--quick", action="store_true", help="tiny model, few rounds (smoke test)")
     p.add_argument("--engine", choices=("inductor", "fx"), default="inductor",
                    help="the units' engine (fx: debug.run_eagerly, no C++ compile; tests)")
     p.add_argument("--out", default=None,
                    help=f"JSON path (default results/{benchmark}_<tag>.json)")
+
+
+def open_unit_bench(args: Any) -> tuple[float, dict[str, Any], tuple]:
+    """The opening of a unit bench's ``main`` (:func:`add_unit_bench_options`' benches): its start
+    time (``time.perf_counter``, for :func:`save_unit_bench`), the machine info (printed) and the
+    bench decoder for ``args.quick`` / ``args.batch`` (``bench.model.host_bench_decoder``:
+    config, model, initial KV caches)."""
+    from bench.model import host_bench_decoder
+
+    start = time.perf_counter()
+    info = machine_info("cpu")
+    print_machine(info)
+    return start, info, host_bench_decoder(args.quick, args.batch)
 
 
 def save_unit_bench(benchmark: str, args: Any, info: dict[str, Any], model: Any, start: float,

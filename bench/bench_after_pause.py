@@ -31,7 +31,7 @@ import torch
 
 from bench import _harness as H
 from bench._decode_variants import make_variant
-from bench.model import host_bench_decoder, make_schedule, max_calls
+from bench.model import make_schedule, max_calls
 from torchair.demo.roofline import GemvFloor, balanced_orders
 
 PREDECESSORS = ("none", "eager", "busy", "sleep")
@@ -64,10 +64,7 @@ def _busy(seconds: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
-    info = H.machine_info("cpu")
-    H.print_machine(info)
-    cfg, model, init = host_bench_decoder(args.quick, args.batch)
+    start, info, (cfg, model, init) = H.open_unit_bench(args)
     warm = 3
     windows = (max_calls(cfg, args.batch) - warm) // args.steps
     if windows < 1:

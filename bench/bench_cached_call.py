@@ -27,7 +27,7 @@ import torch
 
 from bench import _harness as H
 from bench._decode_variants import make_variant
-from bench.model import host_bench_decoder, make_schedule, max_calls
+from bench.model import make_schedule, max_calls
 from torchair.inference import _cache_runtime
 
 PARTS = ("check", "unit", "rest")
@@ -79,10 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
-    info = H.machine_info("cpu")
-    H.print_machine(info)
-    cfg, model, init = host_bench_decoder(args.quick, args.batch)
+    start, info, (cfg, model, init) = H.open_unit_bench(args)
     warm = 3  # compiling and first calls
     # as many windows of fresh lengths as the rounds need and the KV cache holds (max_calls)
     windows = max(1, min(args.rounds, (max_calls(cfg, args.batch) - warm) // args.steps))

@@ -35,7 +35,7 @@ import torch
 
 from bench import _harness as H
 from bench._decode_variants import make_variant
-from bench.model import host_bench_decoder, make_schedule
+from bench.model import make_schedule
 from torchair.demo.roofline import GemvFloor, balanced_orders
 
 PARTS = ("empty", "frame", "program", "check", "call")
@@ -126,10 +126,7 @@ def measure(cached: Any, call_args: tuple, sweep: Callable[[], Any], rounds: int
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
-    info = H.machine_info("cpu")
-    H.print_machine(info)
-    cfg, model, init = host_bench_decoder(args.quick, args.batch)
+    start, info, (cfg, model, init) = H.open_unit_bench(args)
     schedule = make_schedule(cfg, args.batch, 6, "cpu", torch.float32, 0)
     with torch.no_grad():
         variant = make_variant("torchair-cache", model, init, init,

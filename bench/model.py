@@ -122,9 +122,10 @@ class DecoderStep(torch.nn.Module):
 
 def host_bench_decoder(quick: bool, batch: int) -> tuple[ModelConfig, DecoderStep,
                                                          list[torch.Tensor]]:
-    """The decoder the host-cost benches time (``bench_cached_call``, ``bench_after_pause``):
-    2 layers of hidden 512 with 1024 KV positions, or with ``quick`` a tiny one (1 layer, hidden
-    64, 64 positions); seeded weights, in eval mode, and zeroed KV caches for ``batch``."""
+    """The decoder the host-cost benches time (``bench_cached_call``, ``bench_after_pause``,
+    ``bench_host_cold``): 2 layers of hidden 512 with 1024 KV positions, or with ``quick`` a tiny
+    one (1 layer, hidden 64, 64 positions); seeded weights, in eval mode, and zeroed KV caches
+    for ``batch``."""
     cfg = (ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
            if quick else
            ModelConfig(layers=2, hidden=512, heads=8, kv_heads=2, intermediate=1536,
