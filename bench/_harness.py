@@ -210,15 +210,17 @@ def time_calls(fn: Callable[[int], Any], steps: Sequence[int],
 
 
 @contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
+def frozen_heap(collector_off: bool = False) -> Iterator[None]:
     """Collect once and freeze what is left (``gc.freeze``: later collections skip it), for timed
-    loops that collect between rounds; afterwards the objects frozen here are unfrozen and the
-    collector is on or off as before. A caller's own freeze is kept (nothing is frozen or
-    unfrozen here then)."""
+    loops that collect between rounds; with ``collector_off`` the collector is also off inside.
+    Afterwards the objects frozen here are unfrozen and the collector is on or off as before. A
+    caller's own freeze is kept (nothing is frozen or unfrozen here then)."""
     enabled, own = gc.isenabled(), gc.get_freeze_count() == 0
     if own:
         gc.collect()
         gc.freeze()
+    if collector_off:
+        gc.disable()
     try:
         yield
     finally:

@@ -22,7 +22,6 @@ frozen once and the garbage collector off while timing.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from typing import Any, Callable
@@ -90,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             "busy": lambda: _busy(pause), "sleep": lambda: time.sleep(pause)}
         orders = balanced_orders(len(names))
         times = {p: {t: [[] for _ in range(args.steps)] for t in names} for p in PREDECESSORS}
-        with H.frozen_heap():
-            gc.disable()
+        with H.frozen_heap(collector_off=True):
             for r in range(-1, args.rounds):  # round -1: untimed, as the first round's predecessor
                 window = range(warm + (r % windows) * args.steps,
                                warm + (r % windows + 1) * args.steps)

@@ -26,7 +26,6 @@ garbage collector off while timing. The unit is put back afterwards.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 from typing import Any, Callable
@@ -88,8 +87,7 @@ def time_parts(parts: dict[str, Callable[[], Any]], sweep: Callable[[], Any], ro
     orders = balanced_orders(len(names))
     cold: dict[str, list[int]] = {n: [] for n in names}
     clock = time.perf_counter_ns
-    with H.frozen_heap():
-        gc.disable()  # (frozen_heap puts the caller's state back)
+    with H.frozen_heap(collector_off=True):
         for r in range(rounds):
             for i in orders[r % len(orders)]:
                 fn = parts[names[i]]

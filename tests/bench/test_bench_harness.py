@@ -74,6 +74,18 @@ def test_device_time_is_the_gpus_own_time_per_call():
     assert H.device_time_us(lambda _: a @ a) is not None  # and CUDA is usable afterwards
 
 
+def test_frozen_heap_with_the_collector_off_puts_it_back():
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with H.frozen_heap(collector_off=True):
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with pytest.raises(ZeroDivisionError), H.frozen_heap(collector_off=True):
+        1 / 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with H.frozen_heap():  # without it, the collector stays as the caller had it
+        assert gc.isenabled()
+
+
 def test_interleaved_rounds_keep_the_callers_collector_state():
     seen = []
 
