@@ -32,9 +32,9 @@ THROUGH_DYNAMO = ("inductor", "torchair", "torchair-fx", "torchair-skipguards",
                   "torchair-guardfilter", "torchair-mm", "reduce-overhead")
 
 ALL_VARIANTS = ("eager", "inductor", "torchair", "torchair-cache", "torchair-fx",
-                "torchair-skipguards", "torchair-guardfilter", "torchair-mm", "torchair-nodynamo",
-                "reduce-overhead")
-CUDA_ONLY, CPU_ONLY = ("reduce-overhead",), ("torchair-mm",)
+                "torchair-skipguards", "torchair-guardfilter", "torchair-mm", "torchair-ungrouped",
+                "torchair-nodynamo", "reduce-overhead")
+CUDA_ONLY, CPU_ONLY = ("reduce-overhead",), ("torchair-mm", "torchair-ungrouped")
 
 
 @dataclasses.dataclass
@@ -170,7 +170,7 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
                                  fullgraph=True)
         describe = ("torchair path 4: dynamic=True + mark_static + tiling_schedule_optimize, "
                     "default engine (Inductor)")
-    elif name == "torchair-cache":
+    elif name in ("torchair-cache", "torchair-ungrouped"):
         config = torchair.CompilerConfig()
         config.experimental_config.tiling_schedule_optimize = True
         config.debug.run_eagerly = run_eagerly
@@ -180,6 +180,10 @@ def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
                                                     cache_dir=cache_dir)
         describe = (f"torchair path 4 through cache_compile (later calls from the entry, "
                     f"TORCHAIR_CACHE_GUARDS={os.environ.get('TORCHAIR_CACHE_GUARDS', 'arguments')})")
+        if name == "torchair-ungrouped":
+            compiled = built_with(compiled, {_mm.GROUP_SWITCH: "0"})
+            describe = (f"torchair-cache built with {_mm.GROUP_SWITCH}=0: one gemv call per "
+                        f"product, no gemv_cat for the products of one input (q/k/v, gate/up)")
     elif name == "torchair-fx":
         compiled = torch.compile(model, backend=_torchair_backend(True), dynamic=True,
                                  fullgraph=True)

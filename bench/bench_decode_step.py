@@ -35,6 +35,9 @@ Variants (all measured side by side in one process, interleaved rounds, see ``_h
 - ``torchair-mm`` (CPU only): ``torchair`` built with ``TORCHAIR_SMALL_GEMM=0``: its products
   are ATen's ``mm`` instead of ``torchair_native::gemv`` (bound at 4-32 rows), so the kernel's
   share of the step is measured in the same run.
+- ``torchair-ungrouped`` (CPU only): ``torchair-cache`` built with ``TORCHAIR_GEMV_GROUPS=0``:
+  one ``torchair_native::gemv`` call per product instead of one ``gemv_cat`` for the products of
+  one input (q/k/v, gate/up), so what the grouping saves is measured in the same run.
 - ``torchair-nodynamo``: ``torchair``'s compiled function called directly with Dynamo's
   flattened arguments: the step minus Dynamo's per-call work (frame, guards, argument
   extraction). A diagnostic of where the time goes (nothing is guarded), not a way to call a
@@ -107,7 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="default float32 on CPU, float16 on CUDA")
     p.add_argument("--variants", nargs="+", choices=ALL_VARIANTS, default=None,
-                   help="default: all (reduce-overhead only on CUDA, torchair-mm only on CPU); eager is always included")
+                   help="default: all (reduce-overhead only on CUDA, torchair-mm and torchair-ungrouped only "
+                        "on CPU); eager is always included")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads (default: leave torch's default)")

@@ -323,7 +323,7 @@ def test_inductor_unit_calls_the_kernel_with_its_schema_number():
             x2 = torch.randn(8, 1, 48)
             torch.testing.assert_close(compiled(x2), module(x2), rtol=1e-5, atol=1e-5)
     report = torchair.graph_reports()[-1]
-    assert report.small_products == 2 and "small products: 2 mm call(s)" in str(report)
+    assert report.small_products == 2 and "small products: 2 call(s)" in str(report)
     assert backend.frame_count == 1
     abi = _native.abi_number(_mm.gemv())
     assert len(codes) == 1 and "torchair_native.gemv" in codes[0] and str(abi) in codes[0]
@@ -378,9 +378,10 @@ class M(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.a = torch.nn.Linear(64, 96, bias=False)
+        self.c = torch.nn.Linear(64, 64)
         self.b = torch.nn.Linear(96, 64)
-    def forward(self, x):
-        return self.b(torch.nn.functional.silu(self.a(x)))
+    def forward(self, x):  # a and c: one gemv_cat call
+        return self.b(torch.nn.functional.silu(self.a(x))) + self.c(x)
 m = M().eval()
 config = torchair.CompilerConfig()
 config.debug.run_eagerly = False
@@ -397,9 +398,10 @@ print(json.dumps({"engine": report and report.engine, "small": report and report
 
 @pytest.mark.inductor
 def test_a_cached_library_is_served_under_its_own_switch(tmp_path):
-    """cache_compile(ge_cache=True): a warm process runs the library (its products counted in
-    the report); a process with TORCHAIR_SMALL_GEMM=0 gets its own entry, built with mm, whose
-    result is eager's bit for bit, not the library that calls the kernel."""
+    """cache_compile(ge_cache=True): a warm process runs the library (its kernel calls counted
+    in the report: a gemv_cat for the two products of x, a gemv); a process with
+    TORCHAIR_SMALL_GEMM=0 gets its own entry, built with mm, whose result is eager's bit for
+    bit, not the library that calls the kernel."""
     import json
     import os
     import subprocess
@@ -421,6 +423,10 @@ def test_a_cached_library_is_served_under_its_own_switch(tmp_path):
     cold, cold_out = run("cold")
     warm, warm_out = run("warm")
     assert cold["small"] == 2 and warm["small"] == 2 and warm["engine"] == "inductor-aot"
+    from torchair.runtime import engines
+
+    lists = [engines.library_calls(f) for f in (tmp_path / "c").rglob(engines.LIBRARY_OPS)]
+    assert [sorted(c) for c in lists] == [[engines.GEMV_OP, engines.GEMV_CAT_OP]]
     assert torch.equal(warm_out["out"], cold_out["out"])
     torch.testing.assert_close(cold_out["out"], cold_out["ref"], rtol=1e-5, atol=1e-5)
     off, off_out = run("off", TORCHAIR_SMALL_GEMM="0")

@@ -148,7 +148,8 @@ def build_switches() -> dict[str, bool]:
     from torchair.runtime import engines as _engines
 
     return {name: env_switch(name) for name in sorted(
-        (_matmul.ENV_SWITCH, _native.ENV_DISABLE, _engines.ENV_LOWER_QUANT))}
+        (_matmul.ENV_SWITCH, _matmul.GROUP_SWITCH, _native.ENV_DISABLE,
+         _engines.ENV_LOWER_QUANT))}
 
 
 def key_hash(parts: dict) -> str:

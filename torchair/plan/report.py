@@ -47,8 +47,9 @@ class GraphReport:
     # calls a CPU static unit makes to C++ launch kernels instead of the general op (filled in
     # when it is built; see torchair.runtime.binders.attention)
     launch_kernels: int = 0
-    # few-row products (mm/addmm) a CPU static unit hands to torchair_native::gemv (filled in when
-    # it is built; see torchair.ops.matmul.cpu)
+    # calls a CPU static unit makes to torchair_native::gemv / gemv_cat for its few-row products
+    # (mm/addmm; products of one input share a gemv_cat call; filled in when it is built; see
+    # torchair.ops.matmul.cpu)
     small_products: int = 0
     # collectives (``_c10d_functional`` ops) and where they run, e.g. "all_reduce x2 inside the
     # launch unit (gloo, host)"; "" for a graph without collectives
@@ -109,8 +110,9 @@ class GraphReport:
             lines.append(f"  launch kernels: {self.launch_kernels} call(s) go to C++ dispatcher "
                          f"kernels, no Python per call")
         if self.small_products:
-            lines.append(f"  small products: {self.small_products} mm call(s) go to "
-                         f"torchair_native::gemv")
+            lines.append(f"  small products: {self.small_products} call(s) of "
+                         f"torchair_native::gemv / gemv_cat (few-row mm; products of one input "
+                         f"share a gemv_cat call)")
         lines += [f"  why not static: {r}" for r in self.reasons]
         lines += [f"  dump: {d}" for d in self.dumps]
         return "\n".join(lines)

@@ -493,14 +493,16 @@ def library_calls(path: str | os.PathLike) -> list[str]:
                            f"ahead-of-time library ({type(exc).__name__}: {exc})") from exc
 
 
-GEMV_OP = "torchair_native::gemv"  # torchair.ops.matmul.cpu's; every other torchair_native op
-# a library calls is an attention launch kernel (torchair.ops.attention.cpu.launch_library)
+# torchair.ops.matmul.cpu's few-row product kernels; every other torchair_native op a library
+# calls is an attention launch kernel (torchair.ops.attention.cpu.launch_library)
+GEMV_OP = "torchair_native::gemv"
+GEMV_CAT_OP = "torchair_native::gemv_cat"
 
 
 def bound_calls(calls: Sequence[str]) -> tuple[int, int]:
-    """``(attention launch-kernel calls, few-row product calls)`` among a library's custom-op
-    calls (:func:`library_calls`)."""
-    gemv = sum(c == GEMV_OP for c in calls)
+    """``(attention launch-kernel calls, few-row product kernel calls)`` among a library's
+    custom-op calls (:func:`library_calls`)."""
+    gemv = sum(c in (GEMV_OP, GEMV_CAT_OP) for c in calls)
     return sum(c.startswith("torchair_native::") for c in calls) - gemv, gemv
 
 

@@ -290,7 +290,11 @@ class StaticUnit:
         gm, count = AttentionBinder()(self.gm)
         self.report.launch_kernels = count
         if self.engine_name in _INDUCTOR_ENGINES:  # the FX engine runs eager's kernels
-            gm, self.report.small_products = SmallProductBinder()(gm)
+            binder = SmallProductBinder()
+            gm, self.report.small_products = binder(gm)
+            if binder.grouped:
+                logger.debug("graph %d: %d few-row products share %d gemv_cat call(s)",
+                             self.report.graph_id, binder.grouped, binder.groups)
         if count and self.sunk is not None:  # bound calls check their host lists in C++
             left = {n.name for n in gm.graph.nodes}
             self.sunk.checks = [check for name, check in self._host_checks if name in left]

@@ -38,8 +38,8 @@ import torch
 from torchair.base.log import env_switch, logger
 from torchair.ops.toolchain import native as _native
 
-__all__ = ["ENV_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows", "default_min_rows",
-           "gemv", "reference", "set_prefetch", "vector_bits"]
+__all__ = ["ENV_SWITCH", "GROUP_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows", "default_min_rows",
+           "gemv", "gemv_cat", "reference", "set_prefetch", "vector_bits"]
 
 
 def default_min_rows(vendor: str | None = None, mkl: bool | None = None) -> int:
@@ -80,6 +80,8 @@ def _cpu_vendor() -> str:
 MIN_ROWS = default_min_rows()
 MAX_ROWS = 32
 ENV_SWITCH = "TORCHAIR_SMALL_GEMM"  # 0: static units keep ATen's mm (eager's products, bit for bit)
+# 0: products of the same x stay one gemv call each instead of one gemv_cat (the same sums)
+GROUP_SWITCH = "TORCHAIR_GEMV_GROUPS"
 _SYMBOLS = ("torchair_gemm_register", "torchair_gemm_vector_bits", "torchair_gemm_set_prefetch")
 _lock = threading.Lock()
 _result: bool | None = None
@@ -128,6 +130,7 @@ def _load_now() -> bool:
         return False
     _fake_lib = torch.library.Library("torchair_native", "FRAGMENT")
     torch.library.register_fake("torchair_native::gemv", _gemv_fake, lib=_fake_lib)
+    torch.library.register_fake("torchair_native::gemv_cat", _gemv_cat_fake, lib=_fake_lib)
     _bits, _lib = bits, lib
     return True
 
@@ -147,9 +150,25 @@ def _gemv_fake(x, w_t, bias=None, abi=0):
     return x.new_empty((x.shape[0], w_t.shape[1]))  # contiguous, as the kernel's
 
 
+def _gemv_cat_fake(x, w0, w1, w2=None, b0=None, b1=None, b2=None, abi=0):
+    weights = [w for w in (w0, w1, w2) if w is not None]
+    torch._check(w2 is not None or b2 is None, lambda: "gemv_cat: b2 is given without w2")
+    for w in weights:
+        torch._check(x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[0],
+                     lambda w=w: f"gemv_cat: x {tuple(x.shape)} and {tuple(w.shape)} do not multiply")
+    return x.new_empty((x.shape[0], sum(w.shape[1] for w in weights)))
+
+
 def gemv() -> Any:
     """The operator (``available()`` must be True)."""
     return torch.ops.torchair_native.gemv.default
+
+
+def gemv_cat() -> Any:
+    """``torchair_native::gemv_cat(x, w0, w1, w2=None, b0=None, b1=None, b2=None, abi=0)``: the
+    products of one ``x`` with 2 or 3 weights side by side, ``cat([x @ w_i (+ b_i)], 1)``, in one
+    parallel region, each output the sum :func:`gemv` computes (``available()`` must be True)."""
+    return torch.ops.torchair_native.gemv_cat.default
 
 
 def reference(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None = None

@@ -25,6 +25,7 @@ returns a rewritten copy.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ class SmallProductBinder:
     never changed."""
 
     name = "bind_small_products"
+    grouped = groups = 0  # products the last call put in gemv_cat calls, and those calls
 
     def __call__(self, gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
         found = [(n, operands) for n in gm.graph.nodes
@@ -56,6 +58,7 @@ class SmallProductBinder:
         graph.output(graph.graph_copy(gm.graph, copies))
         op = _matmul.gemv()
         abi = _native.abi_number(op)
+        bound = []
         for old, operands in found:
             node = copies[old]
             x, w_t, bias = (copies[a] if isinstance(a, fx.Node) else a for a in operands)
@@ -65,7 +68,10 @@ class SmallProductBinder:
             node.replace_all_uses_with(new)
             graph.erase_node(node)
             copies[old] = new  # a later product whose operand this one was reads the new node
-        return fx.GraphModule(gm, graph), len(found)
+            bound.append(new)
+        if env_switch(_matmul.GROUP_SWITCH):
+            self.grouped, self.groups = _group(graph, bound)
+        return fx.GraphModule(gm, graph), len(found) - self.grouped + self.groups
 
 
 def _val(node: Any) -> Any:
@@ -102,3 +108,121 @@ def _bindable(node: fx.Node) -> tuple | None:
     except (TypeError, ValueError):  # symbolic sizes: not a static unit's product
         return None
     return x, w_t, bias
+
+
+# ops that only reinterpret their one tensor operand (a weight's W.t()): moved up to a group's
+# first product when a later member's weight is made after it
+_MOVABLE = (torch.ops.aten.permute.default, torch.ops.aten.t.default)
+_MAX_GROUP = 3  # gemv_cat takes 2 or 3 weights
+
+
+def _group(graph: fx.Graph, bound: list[fx.Node]) -> tuple[int, int]:
+    """Products of the same ``x`` (a layer's q/k/v, gate/up) become one ``gemv_cat`` call, in
+    groups of 2 or 3 in graph order, each member's uses reading its columns
+    (``aten.slice``): one parallel region and one dispatch instead of 2-3, the same sums. A
+    member whose operands cannot all be had before the group's first product (or that something
+    between writes to) stays a ``gemv`` call. Returns ``(products grouped, gemv_cat calls)``."""
+    by_x: dict[Any, list[fx.Node]] = {}
+    for node in bound:
+        if isinstance(node.args[0], fx.Node):
+            by_x.setdefault(_same_x(node.args[0]), []).append(node)
+    grouped = groups = 0
+    for members in by_x.values():
+        while len(members) >= 2:
+            group = _fit(members[0], members[1:])
+            if len(group) >= 2:
+                _cat(graph, group)
+                grouped, groups = grouped + len(group), groups + 1
+            members = [m for m in members if m not in group]
+    return grouped, groups
+
+
+# a linear layer flattens its input with a view of its own: the views of one tensor to one
+# shape are the same x
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default,
+          torch.ops.aten.reshape.default)
+
+
+def _same_x(x: fx.Node) -> Any:
+    if x.op == "call_function" and x.target in _VIEWS and isinstance(x.args[0], fx.Node):
+        try:
+            return ("view", x.args[0], tuple(int(s) for s in x.args[1]))
+        except (TypeError, ValueError):
+            return x
+    return x
+
+
+def _position(graph: fx.Graph) -> dict[fx.Node, int]:
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def _fit(first: fx.Node, rest: list[fx.Node]) -> list[fx.Node]:
+    """``first`` and the members of ``rest`` (up to 3 in all) whose operands can be computed
+    before ``first`` (moving a weight's ``W.t()`` up where needed) and that nothing between
+    ``first`` and them writes to (``x``, their weights and biases, and what those view)."""
+    group = [first]
+    for node in rest:
+        if len(group) == _MAX_GROUP:
+            break
+        where = _position(first.graph)
+        operands = [a for a in node.args[1:3] if isinstance(a, fx.Node)]  # w_t, bias; x: first's
+        read = {first.args[0], *operands}
+        read |= {a.args[0] for a in list(read)
+                 if a.target in _MOVABLE + _VIEWS and isinstance(a.args[0], fx.Node)}
+        if any(read & _written(n) for n in first.graph.nodes if where[first] < where[n] < where[node]):
+            continue
+        late = [a for a in operands if where[a] > where[first]]
+        if all(a.op == "call_function" and a.target in _MOVABLE
+               and all(where[s] < where[first] for s in a.all_input_nodes) for a in late):
+            for a in late:
+                first.prepend(a)
+            group.append(node)
+    return group
+
+
+def _written(node: fx.Node) -> set[fx.Node]:
+    """The nodes ``node`` writes to (its schema's mutable arguments)."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None:
+        return set()
+    out = set()
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, fx.Node):
+                out.add(value)
+    return out
+
+
+def _cat(graph: fx.Graph, group: list[fx.Node]) -> None:
+    """One ``gemv_cat`` before ``group[0]``; each member's uses read its columns."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    x = group[0].args[0]
+    weights = [m.args[1] for m in group] + [None] * (_MAX_GROUP - len(group))
+    biases = [m.args[2] for m in group] + [None] * (_MAX_GROUP - len(group))
+    op = _matmul.gemv_cat()
+    args = (x, *weights, *biases, _native.abi_number(op))
+    vals = [_val(a) if isinstance(a, fx.Node) else a for a in args]
+    mode = _val(x).fake_mode if hasattr(_val(x), "fake_mode") else None
+    with graph.inserting_before(group[0]):
+        cat = graph.call_function(op, args)
+    cat.meta = {k: v for k, v in group[0].meta.items() if k not in ("val", "tensor_meta")}
+    with mode if mode is not None else contextlib.nullcontext():
+        whole = op(*vals)
+    cat.meta["val"] = whole
+    offset = 0
+    for member in group:
+        n = int(_val(member).shape[1])
+        with graph.inserting_after(cat):
+            part = graph.call_function(torch.ops.aten.slice.Tensor, (cat, 1, offset, offset + n))
+        part.meta = dict(member.meta)
+        with mode if mode is not None else contextlib.nullcontext():
+            part.meta["val"] = torch.ops.aten.slice.Tensor(whole, 1, offset, offset + n)
+        part.meta["tensor_meta"] = _extract_tensor_metadata(part.meta["val"])
+        member.replace_all_uses_with(part)
+        own_x = member.args[0]
+        graph.erase_node(member)
+        if own_x is not x and not own_x.users:  # its own view of x, now unused
+            graph.erase_node(own_x)
+        offset += n

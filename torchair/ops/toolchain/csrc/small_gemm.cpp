@@ -1,6 +1,8 @@
 // Small-M matrix products for CPU static units, as a PyTorch operator implemented in C++.
 //
 //   torchair_native::gemv(Tensor x, Tensor w_t, Tensor? bias=None, int abi=0) -> Tensor
+//   torchair_native::gemv_cat(Tensor x, Tensor w0, Tensor w1, Tensor? w2=None, Tensor? b0=None,
+//                             Tensor? b1=None, Tensor? b2=None, int abi=0) -> Tensor
 //
 // is mm(x, w_t) (+ bias): x [M, K], w_t [K, N], bias [N]. A decode step's linear layers are such
 // products with a handful of rows (M = batch) against a weight whose transpose is contiguous
@@ -8,7 +10,9 @@
 // rows and streams them once, R rows at a time, each row's dot products with up to 8 rows of x
 // kept in vector registers (R x MB accumulators), so W is read from memory once for all rows of x
 // (bench/bench_small_gemm.py: 1.24-1.58x ATen's F.linear at 4-16 rows; at 1-3 rows ATen's GEMV
-// already streams at the memory's speed, and units keep it).
+// already streams at the memory's speed, and units keep it). gemv_cat is the products of one x
+// with 2 or 3 weights (a layer's q/k/v or gate/up), side by side in one output, in one parallel
+// region: the same sums as gemv's, one fork and join and one dispatch instead of 2-3.
 //
 // The fast path needs float32 on the CPU, x rows and W rows contiguous in k (x.stride(1) == 1,
 // w_t.stride(0) == 1) and a float32 bias of N contiguous values; every other call is computed by
@@ -19,6 +23,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <c10/util/Exception.h>
@@ -31,6 +36,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -164,6 +170,51 @@ void product(const float *x, int64_t M, int64_t ldx, int64_t K, const float *w, 
     range_of_w<R>(x, M, ldx, K, w, ldw, y, N, bias, b0 * R, b1 == blocks ? N : b1 * R);
   }
 }
+
+// Several weights against the same x (a layer's q/k/v or gate/up projections): their rows in one
+// parallel region instead of one region per weight. Each weight keeps its own blocks of R rows
+// from its row 0, as product<R> makes them, so every output is the sum product<R> computes for
+// it, bit for bit; the threads share the blocks of all weights, in order, as evenly as product
+// shares one weight's. Outputs go to y [M, sum N_i] at column offsets off_i (ldy = sum N_i).
+struct Part {
+  const float *w;
+  int64_t ldw, N, off;
+  const float *bias;
+};
+
+template <int R>
+void parts_product(const float *x, int64_t M, int64_t ldx, int64_t K, const Part *parts, int n,
+                   float *y, int64_t ldy) {
+  int64_t starts[4] = {0, 0, 0, 0};  // first block of part i in the shared numbering
+  int64_t blocks = 0;
+  for (int i = 0; i < n; i++) {
+    starts[i] = blocks;
+    blocks += (parts[i].N + R - 1) / R;  // a part's last block may be short: its tail rows
+  }
+  // blocks [b0, b1) of the shared numbering: each part's share, its tail with its last block
+  auto run = [&](int64_t b0, int64_t b1) {
+    for (int i = 0; i < n; i++) {
+      const Part &p = parts[i];
+      const int64_t first = starts[i], last = starts[i] + (p.N + R - 1) / R;
+      const int64_t lo = std::max(b0, first), hi = std::min(b1, last);
+      if (lo >= hi) continue;
+      const int64_t n0 = (lo - first) * R, n1 = hi == last ? p.N : (hi - first) * R;
+      range_of_w<R>(x, M, ldx, K, p.w, p.ldw, y + p.off, ldy, p.bias, n0, n1);
+    }
+  };
+  const int64_t grain = std::max<int64_t>(1, kShareFloats / std::max<int64_t>(1, R * K));
+  if (blocks <= grain) {
+    run(0, blocks);
+    return;
+  }
+  const int threads = static_cast<int>(
+      std::min<int64_t>(at::get_num_threads(), (blocks + grain - 1) / grain));
+  #pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    run(blocks * t / T, blocks * (t + 1) / T);
+  }
+}
 #endif
 
 bool fast_path(const at::Tensor &x, const at::Tensor &w_t, const std::optional<at::Tensor> &bias) {
@@ -202,6 +253,46 @@ at::Tensor gemv(const at::Tensor &x, const at::Tensor &w_t, const std::optional<
   return y;
 }
 
+// cat([x @ w0 (+ b0), x @ w1 (+ b1), x @ w2 (+ b2)], dim=1): the products of x with 2 or 3
+// weights (w2 None: 2), computed in one parallel region when all of them take the fast path,
+// else each by gemv() (ATen's mm/addmm when it cannot take the fast path) and concatenated.
+at::Tensor gemv_cat(const at::Tensor &x, const at::Tensor &w0, const at::Tensor &w1,
+                    const std::optional<at::Tensor> &w2, const std::optional<at::Tensor> &b0,
+                    const std::optional<at::Tensor> &b1, const std::optional<at::Tensor> &b2,
+                    int64_t abi) {
+  const at::Tensor *ws[3] = {&w0, &w1, w2.has_value() ? &*w2 : nullptr};
+  const std::optional<at::Tensor> *bs[3] = {&b0, &b1, &b2};
+  const int n = ws[2] != nullptr ? 3 : 2;
+  TORCH_CHECK(n == 3 || !b2.has_value(), "torchair_native::gemv_cat: b2 is given without w2");
+  bool fast = true;
+  for (int i = 0; i < n; i++) fast = fast && fast_path(x, *ws[i], *bs[i]);
+  if (!fast) {
+    std::vector<at::Tensor> outs;
+    for (int i = 0; i < n; i++) outs.push_back(gemv(x, *ws[i], *bs[i], abi));
+    return at::cat(outs, 1);
+  }
+  const int64_t M = x.size(0), K = x.size(1);
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) total += ws[i]->size(1);
+  at::Tensor y = at::empty({M, total}, x.options());
+  if (M == 0 || total == 0) return y;
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+  Part parts[3];
+  int64_t off = 0;
+  for (int i = 0; i < n; i++) {
+    const at::Tensor &w = *ws[i];
+    parts[i] = Part{w.data_ptr<float>(), w.stride(1), w.size(1), off,
+                    bs[i]->has_value() ? (*bs[i])->data_ptr<float>() : nullptr};
+    off += w.size(1);
+  }
+  if (M >= 8)
+    parts_product<3>(x.data_ptr<float>(), M, x.stride(0), K, parts, n, y.data_ptr<float>(), total);
+  else
+    parts_product<4>(x.data_ptr<float>(), M, x.stride(0), K, parts, n, y.data_ptr<float>(), total);
+#endif
+  return y;
+}
+
 std::unique_ptr<torch::Library> g_def, g_impl;
 
 }  // namespace
@@ -226,9 +317,12 @@ int torchair_gemm_register(char *err, int err_size) {
     auto def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, "torchair_native",
                                                 std::nullopt, __FILE__, __LINE__);
     def->def("gemv(Tensor x, Tensor w_t, Tensor? bias=None, int abi=0) -> Tensor");
+    def->def("gemv_cat(Tensor x, Tensor w0, Tensor w1, Tensor? w2=None, Tensor? b0=None, "
+             "Tensor? b1=None, Tensor? b2=None, int abi=0) -> Tensor");
     auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, "torchair_native",
                                                  c10::DispatchKey::CPU, __FILE__, __LINE__);
     impl->impl("gemv", &gemv);
+    impl->impl("gemv_cat", &gemv_cat);
     g_def = std::move(def);
     g_impl = std::move(impl);
   } catch (const std::exception &e) {
