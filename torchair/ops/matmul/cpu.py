@@ -38,8 +38,8 @@ import torch
 from torchair.base.log import env_switch, logger
 from torchair.ops.toolchain import native as _native
 
-__all__ = ["ENV_SWITCH", "GROUP_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows", "default_min_rows",
-           "gemv", "gemv_cat", "reference", "set_prefetch", "vector_bits"]
+__all__ = ["ENV_SWITCH", "GROUP_SWITCH", "MAX_ROWS", "MIN_ROWS", "available", "binds_rows",
+           "default_min_rows", "gemv", "gemv_cat", "reference", "set_prefetch", "vector_bits"]
 
 
 def default_min_rows(vendor: str | None = None, mkl: bool | None = None) -> int:

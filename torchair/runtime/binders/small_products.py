@@ -17,6 +17,11 @@ the operator, its last argument the number naming the operator's schema::
     t = aten.permute.default(w, [1, 0])
     y = torchair_native.gemv.default(x, t, b, <abi>)
 
+Products of the same ``x`` (a layer's q/k/v, its gate/up) then share one
+``torchair_native::gemv_cat(x, w0, w1, w2, b0, b1, b2, abi)`` call, whose output holds theirs side
+by side (each use reads its columns through ``aten.slice``): one parallel region and one dispatch
+for 2-3 products, the same sums (``TORCHAIR_GEMV_GROUPS=0`` keeps one ``gemv`` call each).
+
 Fewer rows (on an Intel CPU with MKL, whose GEMV of 1-3 rows already reads the weight at the
 memory's speed) and more (a BLAS's blocked GEMM wins) stay ``mm``. The kernel sums in another order than the BLAS, so a bound
 unit's products can differ from eager's in the last bits (as Inductor's fused kernels do);
@@ -69,8 +74,8 @@ class SmallProductBinder:
             graph.erase_node(node)
             copies[old] = new  # a later product whose operand this one was reads the new node
             bound.append(new)
-        if env_switch(_matmul.GROUP_SWITCH):
-            self.grouped, self.groups = _group(graph, bound)
+        self.grouped, self.groups = (_group(graph, bound) if env_switch(_matmul.GROUP_SWITCH)
+                                     else (0, 0))
         return fx.GraphModule(gm, graph), len(found) - self.grouped + self.groups
 
 
@@ -169,7 +174,8 @@ def _fit(first: fx.Node, rest: list[fx.Node]) -> list[fx.Node]:
         read = {first.args[0], *operands}
         read |= {a.args[0] for a in list(read)
                  if a.target in _MOVABLE + _VIEWS and isinstance(a.args[0], fx.Node)}
-        if any(read & _written(n) for n in first.graph.nodes if where[first] < where[n] < where[node]):
+        between = (n for n in first.graph.nodes if where[first] < where[n] < where[node])
+        if any(read & _written(n) for n in between):
             continue
         late = [a for a in operands if where[a] > where[first]]
         if all(a.op == "call_function" and a.target in _MOVABLE
