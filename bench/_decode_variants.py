@@ -153,7 +153,8 @@ class DynamoFloor:
 def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],
                  init_v: list[torch.Tensor], *, run_eagerly: bool = False) -> Variant:
     """Variant ``name`` of ``model`` with its own copies of the KV caches; ``run_eagerly``: the
-    ``torchair-cache`` and ``torchair-nodynamo`` units with the FX engine (quick test runs)."""
+    ``torchair-cache``, ``torchair-ungrouped`` and ``torchair-nodynamo`` units with the FX
+    engine (quick test runs)."""
     k_caches = [t.clone() for t in init_k]
     v_caches = [t.clone() for t in init_v]
     for t in k_caches + v_caches:

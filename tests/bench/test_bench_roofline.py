@@ -154,6 +154,31 @@ def test_torchair_mm_variant_builds_with_the_switch_off(monkeypatch):
     assert "torchair-mm" in bench.parse_args(["--device", "cpu"]).variants
 
 
+def test_torchair_ungrouped_is_torchair_cache_built_with_the_groups_off(monkeypatch):
+    """``torchair-ungrouped``: ``torchair-cache`` (through ``cache_compile``) whose compiling call
+    sees TORCHAIR_GEMV_GROUPS=0; ``torchair-cache``'s sees the environment as it is. (What the
+    switch does to a unit: tests/ops/test_gemv_cat.py.)"""
+    import torchair
+    from bench.model import DecoderStep, ModelConfig, make_schedule
+
+    seen = []
+
+    def fake_cache_compile(func, **_):
+        return lambda *args: seen.append(os.environ.get(_mm.GROUP_SWITCH)) or args[0]
+
+    monkeypatch.setattr(torchair.inference, "cache_compile", fake_cache_compile)
+    monkeypatch.delenv(_mm.GROUP_SWITCH, raising=False)
+    cfg = ModelConfig(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
+    model = DecoderStep(cfg).eval()
+    init = [torch.zeros(2, cfg.capacity, cfg.kv_hidden)]
+    step = make_schedule(cfg, 2, 1, "cpu", torch.float32, 0)[0]
+    for name in ("torchair-cache", "torchair-ungrouped", "torchair-ungrouped"):
+        V.make_variant(name, model, init, init)(step)
+    assert seen == [None, "0", "0"] and _mm.GROUP_SWITCH not in os.environ
+    assert "torchair-ungrouped" in bench.parse_args(["--device", "cpu"]).variants
+    assert "torchair-ungrouped" in V.CPU_ONLY
+
+
 def test_recompile_limit_covers_every_compiled_variant_of_every_batch():
     # the default CPU run compiles 8 variants and the Dynamo floor on one code object, per batch:
     # under Dynamo's default limit (8) the floor's first call failed (fullgraph=True)
