@@ -96,7 +96,8 @@ def _targets(gm):
 
 
 @pytest.mark.parametrize("batch", [1, 8])
-def test_products_of_one_input_share_a_call(batch):
+def test_products_of_one_input_share_a_call(batch, monkeypatch):
+    monkeypatch.setattr(_mm, "MIN_ROWS", 1)  # an Intel CPU with MKL binds from 4 rows
     torch.manual_seed(0)
     gm, args = _traced(_Layer(), torch.randn(batch, 1, 48))
     binder = SmallProductBinder()
@@ -151,6 +152,42 @@ def test_a_weight_written_between_the_products_is_not_grouped():
     expected = (x @ w1.t(), x @ (w2 + 1).t())
     for got, want in zip(gm(x, w1, w2.clone()), expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_write_through_a_view_of_x_between_the_products_is_not_grouped():
+    """A copy into a slice of the input between the products (what the in-place passes make of
+    a ``slice_scatter``): the second product reads the written values, so it keeps its call."""
+    def step(x, w1, w2, src):
+        a = x @ w1.t()
+        x[:, :4].copy_(src)
+        return a, x @ w2.t()
+
+    x, w1, w2, src = torch.randn(8, 32), torch.randn(16, 32), torch.randn(24, 32), torch.randn(8, 4)
+    gm, calls, binder = _bound(step, x, w1, w2, src)
+    assert calls == 2 and binder.grouped == 0
+    written = x.clone()
+    written[:, :4] = src
+    got = gm(x.clone(), w1, w2, src)
+    torch.testing.assert_close(got[0], x @ w1.t(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], written @ w2.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_product_viewed_across_its_rows_is_not_grouped(monkeypatch):
+    """Columns of a wider output are rows ``sum N`` apart: a view that merges rows (``[8, 16]``
+    to ``[128]``) cannot be taken of them, so that product keeps its call; at one row it can."""
+    monkeypatch.setattr(_mm, "MIN_ROWS", 1)  # an Intel CPU with MKL binds from 4 rows
+
+    def step(x, w1, w2):
+        return (x @ w1.t()).view(-1), x @ w2.t()
+
+    w1, w2 = torch.randn(16, 32), torch.randn(24, 32)
+    for rows, grouped in ((8, 0), (1, 2)):
+        x = torch.randn(rows, 32)
+        gm, calls, binder = _bound(step, x, w1, w2)
+        assert binder.grouped == grouped and calls == 2 - grouped // 2
+        got = gm(x, w1, w2)
+        torch.testing.assert_close(got[0], (x @ w1.t()).view(-1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[1], x @ w2.t(), rtol=1e-5, atol=1e-5)
 
 
 def test_a_weight_made_after_the_first_product_is_not_grouped():

@@ -31,6 +31,7 @@ returns a rewritten copy.
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any
 
 import torch
@@ -163,20 +164,22 @@ def _position(graph: fx.Graph) -> dict[fx.Node, int]:
 
 def _fit(first: fx.Node, rest: list[fx.Node]) -> list[fx.Node]:
     """``first`` and the members of ``rest`` (up to 3 in all) whose operands can be computed
-    before ``first`` (moving a weight's ``W.t()`` up where needed) and that nothing between
-    ``first`` and them writes to (``x``, their weights and biases, and what those view)."""
+    before ``first`` (moving a weight's ``W.t()`` up where needed), with nothing between ``first``
+    and them that may write, and whose uses take only views the columns allow."""
     group = [first]
+    if not _uses_fit(first):
+        return group
     for node in rest:
         if len(group) == _MAX_GROUP:
             break
         where = _position(first.graph)
-        operands = [a for a in node.args[1:3] if isinstance(a, fx.Node)]  # w_t, bias; x: first's
-        read = {first.args[0], *operands}
-        read |= {a.args[0] for a in list(read)
-                 if a.target in _MOVABLE + _VIEWS and isinstance(a.args[0], fx.Node)}
-        between = (n for n in first.graph.nodes if where[first] < where[n] < where[node])
-        if any(read & _written(n) for n in between):
+        # anything that may write between the two products (to x, a weight, a bias or any view
+        # of them: an in-place op, a copy_ into a slice) and the member keeps its own call
+        if any(_may_write(n) for n in first.graph.nodes if where[first] < where[n] < where[node]):
             continue
+        if not _uses_fit(node):
+            continue
+        operands = [a for a in node.args[1:3] if isinstance(a, fx.Node)]  # w_t, bias; x: first's
         late = [a for a in operands if where[a] > where[first]]
         if all(a.op == "call_function" and a.target in _MOVABLE
                and all(where[s] < where[first] for s in a.all_input_nodes) for a in late):
@@ -186,18 +189,65 @@ def _fit(first: fx.Node, rest: list[fx.Node]) -> list[fx.Node]:
     return group
 
 
-def _written(node: fx.Node) -> set[fx.Node]:
-    """The nodes ``node`` writes to (its schema's mutable arguments)."""
+def _may_write(node: fx.Node) -> bool:
+    """Whether ``node`` may write to a tensor: an operator whose schema has a mutable argument,
+    or a call of anything else (``operator.getitem`` only reads)."""
+    if node.op != "call_function" or node.target is operator.getitem:
+        return False
     schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None:
-        return set()
-    out = set()
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is not None and arg.alias_info.is_write:
-            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-            if isinstance(value, fx.Node):
-                out.add(value)
-    return out
+    if schema is None:
+        return True
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _is_view(node: fx.Node) -> bool:
+    """Whether ``node``'s result is a view of its first operand (the schema says it aliases it,
+    or ``_unsafe_view`` / ``reshape``, which alias without saying so)."""
+    if node.op != "call_function":
+        return False
+    if node.target in _VIEWS:
+        return True
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.returns and schema.returns[0].alias_info is not None
+                and not schema.returns[0].alias_info.is_write)
+
+
+_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.default,
+            torch.ops.aten.as_strided_scatter.default)
+
+
+def _uses_fit(member: fx.Node) -> bool:
+    """Whether every view taken of ``member``'s product still holds when the product is columns
+    of a wider output (rows ``sum N`` apart, for more than one row): a view that merges rows
+    cannot be taken of them, and ``as_strided`` counts its offset from the wider output's start.
+    Each view is taken again, on fake tensors, of the columns' layout."""
+    val = _val(member)
+    if not isinstance(val, torch.Tensor) or val.shape[0] <= 1:
+        return True
+    mode = getattr(val, "fake_mode", None)
+    if mode is None:
+        return False
+    with mode:  # the columns' layout: the product's values, rows 2N apart (any wider output)
+        cols = torch.empty_strided((val.shape[0], 2 * val.shape[1]), (2 * val.shape[1], 1),
+                                   dtype=val.dtype)[:, :val.shape[1]]
+    return _views_hold(member, cols, mode)
+
+
+def _views_hold(node: fx.Node, val: Any, mode: Any) -> bool:
+    for user in node.users:
+        if user.target in _STRIDED:
+            return False
+        if not _is_view(user) or user.args[:1] != (node,):
+            continue  # a computation reads any layout
+        args = [val, *(_val(a) if isinstance(a, fx.Node) else a for a in user.args[1:])]
+        try:
+            with mode:
+                out = user.target(*args, **user.kwargs)
+        except Exception:  # noqa: BLE001 (the view cannot be taken of the columns)
+            return False
+        if not _views_hold(user, out, mode):
+            return False
+    return True
 
 
 def _cat(graph: fx.Graph, group: list[fx.Node]) -> None:
