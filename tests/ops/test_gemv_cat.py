@@ -190,6 +190,22 @@ def test_a_product_viewed_across_its_rows_is_not_grouped(monkeypatch):
         torch.testing.assert_close(got[1], x @ w2.t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_a_product_read_through_as_strided_is_not_grouped(rows, monkeypatch):
+    """``as_strided`` counts its offset from the start of the storage: of columns of a wider
+    output it would read other columns, even at one row."""
+    monkeypatch.setattr(_mm, "MIN_ROWS", 1)  # an Intel CPU with MKL binds from 4 rows
+
+    def step(x, w1, w2):
+        return torch.as_strided(x @ w1.t(), (16,), (1,)), x @ w2.t()
+
+    x, w1, w2 = torch.randn(rows, 32), torch.randn(16, 32), torch.randn(24, 32)
+    gm, calls, binder = _bound(step, x, w1, w2)
+    assert binder.grouped == 0 and calls == 2
+    torch.testing.assert_close(gm(x, w1, w2)[0], (x @ w1.t()).reshape(-1)[:16], rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_a_weight_made_after_the_first_product_is_not_grouped():
     def step(x, w1, w2):
         a = x @ w1.t()

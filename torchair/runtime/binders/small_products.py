@@ -126,8 +126,10 @@ def _group(graph: fx.Graph, bound: list[fx.Node]) -> tuple[int, int]:
     """Products of the same ``x`` (a layer's q/k/v, gate/up) become one ``gemv_cat`` call, in
     groups of 2 or 3 in graph order, each member's uses reading its columns
     (``aten.slice``): one parallel region and one dispatch instead of 2-3, the same sums. A
-    member whose operands cannot all be had before the group's first product (or that something
-    between writes to) stays a ``gemv`` call. Returns ``(products grouped, gemv_cat calls)``."""
+    member stays a ``gemv`` call when its operands cannot all be had before the group's first
+    product, when anything between the two may write, or when its uses take views that columns
+    of a wider output cannot give (:func:`_fit`). Returns ``(products grouped, gemv_cat
+    calls)``."""
     by_x: dict[Any, list[fx.Node]] = {}
     for node in bound:
         if isinstance(node.args[0], fx.Node):
@@ -218,14 +220,12 @@ _STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_.defaul
 
 def _uses_fit(member: fx.Node) -> bool:
     """Whether every view taken of ``member``'s product still holds when the product is columns
-    of a wider output (rows ``sum N`` apart, for more than one row): a view that merges rows
-    cannot be taken of them, and ``as_strided`` counts its offset from the wider output's start.
+    of a wider output (rows ``sum N`` apart): a view that merges rows cannot be taken of them
+    (at more than one row), and ``as_strided`` counts its offset from the wider output's start.
     Each view is taken again, on fake tensors, of the columns' layout."""
     val = _val(member)
-    if not isinstance(val, torch.Tensor) or val.shape[0] <= 1:
-        return True
     mode = getattr(val, "fake_mode", None)
-    if mode is None:
+    if not isinstance(val, torch.Tensor) or mode is None:
         return False
     with mode:  # the columns' layout: the product's values, rows 2N apart (any wider output)
         cols = torch.empty_strided((val.shape[0], 2 * val.shape[1]), (2 * val.shape[1], 1),
