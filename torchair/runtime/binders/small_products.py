@@ -260,11 +260,12 @@ def _cat(graph: fx.Graph, group: list[fx.Node]) -> None:
     op = _matmul.gemv_cat()
     args = (x, *weights, *biases, _native.abi_number(op))
     vals = [_val(a) if isinstance(a, fx.Node) else a for a in args]
-    mode = _val(x).fake_mode if hasattr(_val(x), "fake_mode") else None
+    mode = getattr(_val(x), "fake_mode", None)
+    meta_mode = mode if mode is not None else contextlib.nullcontext()  # the vals' fake mode
     with graph.inserting_before(group[0]):
         cat = graph.call_function(op, args)
     cat.meta = {k: v for k, v in group[0].meta.items() if k not in ("val", "tensor_meta")}
-    with mode if mode is not None else contextlib.nullcontext():
+    with meta_mode:
         whole = op(*vals)
     cat.meta["val"] = whole
     offset = 0
@@ -273,7 +274,7 @@ def _cat(graph: fx.Graph, group: list[fx.Node]) -> None:
         with graph.inserting_after(cat):
             part = graph.call_function(torch.ops.aten.slice.Tensor, (cat, 1, offset, offset + n))
         part.meta = dict(member.meta)
-        with mode if mode is not None else contextlib.nullcontext():
+        with meta_mode:
             part.meta["val"] = torch.ops.aten.slice.Tensor(whole, 1, offset, offset + n)
         part.meta["tensor_meta"] = _extract_tensor_metadata(part.meta["val"])
         member.replace_all_uses_with(part)
