@@ -24,6 +24,7 @@ from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
 from torchair.runtime.input_layout import InputLayoutError
+from torchair.runtime.unit_call import state_watch
 
 
 class _InputCheck:
@@ -140,17 +141,21 @@ class _NumberInputs:
     """Every :class:`_NumberInput` of an entry, applied to the graph inputs at once. When each
     number is the very object the last call had (a module attribute such as a norm's ``eps``
     is the same float object call after call, so the same value and sign) and no one wrote into
-    the tensors made for them, those tensors serve again: one identity and one version test per
-    number instead of a call each, which in a decode loop run with the caches the step's
-    weights evicted. Anything else goes through each :class:`_NumberInput`."""
+    the tensors made for them, those tensors serve again: one identity test per number instead of
+    a call each, which in a decode loop run with the caches the step's weights evicted. Only the
+    unit could write into a tensor made here (it is never handed out): its version is compared
+    only for the inputs the unit writes (``written``; None: not known, all of them). Anything
+    else goes through each :class:`_NumberInput`."""
 
-    __slots__ = ("items", "keys", "last")
+    __slots__ = ("items", "keys", "last", "written")
 
-    def __init__(self, wraps: dict[int, _NumberInput]) -> None:
+    def __init__(self, wraps: dict[int, _NumberInput], written: set | None = None) -> None:
         self.items = tuple(wraps.items())
         self.keys = tuple(wraps)
-        # (numbers, tensors, versions) of the last call when every tensor may be reused (none
-        # is handed back to the caller); one tuple store, so threads see a whole one
+        self.written = written
+        # (numbers, tensors, (tensor, version) of those the unit may write) of the last call when
+        # every tensor may be reused (none is handed back to the caller); one tuple store, so
+        # threads see a whole one
         self.last: tuple | None = None
 
     def __call__(self, flat: list) -> bool:
@@ -159,21 +164,37 @@ class _NumberInputs:
         last = self.last
         if last is not None:
             numbers, tensors, versions = last
-            for k, number, tensor, version in zip(self.keys, numbers, tensors, versions):
-                if flat[k] is not number or tensor._version != version:
+            for k, number in zip(self.keys, numbers):
+                if flat[k] is not number:
                     break
             else:
-                for k, tensor in zip(self.keys, tensors):
-                    flat[k] = tensor
-                return True
+                for tensor, version in versions:
+                    if tensor._version != version:
+                        break
+                else:
+                    for k, tensor in zip(self.keys, tensors):
+                        flat[k] = tensor
+                    return True
         numbers = tuple(flat[k] for k in self.keys)
         for k, wrap in self.items:
             flat[k] = wrap(flat[k])
         if all(wrap.reuse for _, wrap in self.items) and not any(
                 isinstance(n, torch.Tensor) for n in numbers):
             tensors = tuple(flat[k] for k in self.keys)
-            self.last = (numbers, tensors, tuple(t._version for t in tensors))
+            written = self.written
+            self.last = (numbers, tensors, tuple(
+                (t, t._version) for k, t in zip(self.keys, tensors)
+                if written is None or k in written))
         return False
+
+
+def _written_inputs(unit: dict) -> set | None:
+    """Graph inputs the launch unit writes in place (None: not known, for a host-scheduled unit)."""
+    if unit["kind"] == "static":
+        return set(unit["mutated"])
+    if unit["kind"] == "gears":
+        return set().union(*(set(g["mutated"]) for g in unit["gears"]))
+    return None
 
 
 def _returned_inputs(aot: dict) -> set:
@@ -204,7 +225,8 @@ class Runtime:
         returned = _returned_inputs(meta["aot"])
         self.wrap = _NumberInputs({k: _NumberInput(info["dtype"], k not in returned)
                                    for k, (wrap, info) in
-                                   enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap})
+                                   enumerate(zip(meta["as_tensor"], meta["inputs"])) if wrap},
+                                  _written_inputs(meta["unit"]))
         self._input_checks = [_InputCheck(info) for info in inputs]
         self.checks = _InputChecks(self._input_checks, self.guards.tensor_inputs(self.n_inputs))
         # the set_dim_gears marks the entry was built with, per tensor input; the first call
@@ -253,10 +275,11 @@ class Runtime:
         add_report(report)
         return cls(meta, unit, inputs)
 
-    def watch_arguments(self, arguments: Sequence[str]) -> None:
+    def watch_arguments(self, arguments: Sequence[str], module: str | None = None) -> None:
         """Check per call only what depends on the call's ``arguments`` (see
-        :meth:`GuardSet.check_arguments`); the default is every guard on every call."""
-        self.guards.watch_arguments(arguments)
+        :meth:`GuardSet.check_arguments`); the default is every guard on every call. ``module``:
+        the frame's name of the method's module (its state may be hoisted)."""
+        self.guards.watch_arguments(arguments, module)
         self._check = self.guards.check_arguments
         # a parameter's or buffer's marks are module state, not a call argument: checked on the
         # first call only
@@ -272,6 +295,12 @@ class Runtime:
         # last call's tensors (made here, never handed out), those inputs carry no marks
         self.tensor_gear_args = [(k, mark) for k, mark in self.gear_args
                                  if k not in self.wrap.keys]
+        # an entry built without gears: a served call is refused when an argument carries marks,
+        # which the C helper tells in one loop (the loop in check then says which)
+        helper = state_watch() if all(
+            expected is None for _, (_, expected) in self.tensor_gear_args) else None
+        self._first_marked = helper.first_with if helper is not None else None
+        self._unmarked = tuple(k for k, _ in self.tensor_gear_args)
 
     def check(self, frame: dict, globals_: Any) -> tuple[str, list]:
         """("", graph inputs) when the call fits the cached graph, else (why, [])."""
@@ -286,6 +315,10 @@ class Runtime:
             if why:
                 return why, []
         served = self.served  # read once: another thread may finish the first call meanwhile
+        first_marked = self._first_marked
+        if served and reused and first_marked is not None and first_marked(
+                flat, self._unmarked, DIM_GEARS_ATTR) < 0:
+            return "", flat
         for k, (name, expected) in (self.gears.items() if not served else
                                     self.tensor_gear_args if reused else self.gear_args):
             found = getattr(flat[k], DIM_GEARS_ATTR, None)  # (get_dim_gears, inline)

@@ -373,7 +373,7 @@ class CachedFunction:
 
     def _watch(self, runtime: Runtime) -> None:
         if self.guard_mode == "arguments":
-            runtime.watch_arguments(self.frame.arguments)
+            runtime.watch_arguments(self.frame.arguments, self.frame.self_name)
 
     @contextlib.contextmanager
     def _build_dir(self, entry: Any) -> Iterator[str | None]:

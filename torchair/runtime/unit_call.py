@@ -27,7 +27,7 @@ import torch
 from torchair.base.log import logger
 from torchair.ops.toolchain import native
 
-__all__ = ["ENTRY_SYMBOL", "NativeEntry", "module"]
+__all__ = ["ENTRY_SYMBOL", "NativeEntry", "module", "state_watch"]
 
 _NAME = "torchair_unit_call"
 # Inductor's C++ entry, ``void inductor_entry_impl(AtenTensorHandle*, AtenTensorHandle*)``, as the
@@ -39,19 +39,8 @@ ENTRY_SYMBOL = "_Z19inductor_entry_implPP16AtenTensorOpaqueS1_"
 def module() -> ModuleType | None:
     """The extension module, built on first use (cached on disk like the native kernels), or None
     (see the module doc)."""
-    if not native.enabled():
-        return None
-    lib = native.load("unit_call", symbols=(f"PyInit_{_NAME}",))
-    if lib is None:
-        return None
-    try:
-        loader = importlib.machinery.ExtensionFileLoader(_NAME, lib._name)
-        spec = importlib.util.spec_from_file_location(_NAME, lib._name, loader=loader)
-        mod = importlib.util.module_from_spec(spec)
-        loader.exec_module(mod)
-    except (ImportError, OSError) as exc:
-        logger.info("launch units: the C++ call helper could not be loaded (%s); units call "
-                    "their entry from Python", exc)
+    mod = _extension("unit_call", _NAME, "units call their entry from Python")
+    if mod is None:
         return None
     why = _unrecognized(mod)
     if why:
@@ -59,6 +48,90 @@ def module() -> ModuleType | None:
                        "objects (%s); units call their entry from Python", why)
         return None
     return mod
+
+
+@functools.lru_cache(maxsize=None)
+def state_watch() -> ModuleType | None:
+    """``csrc/state_watch.c``'s module (``watch(dicts, objects)``, ``unchanged(watch)``: whether
+    dicts and objects are as recorded, from CPython's dict and type version tags;
+    ``first_with(values, indices, name)``: the first value with a non-None attribute), built on
+    first use; None without a compiler, with ``TORCHAIR_NATIVE_KERNELS=0``, or when this Python's tags
+    do not change as the probe changes dicts and objects (then module state is read per call)."""
+    mod = _extension("state_watch", "torchair_state_watch", "module state is read on every call")
+    if mod is None:
+        return None
+    why = _tags_unrecognized(mod)
+    if why:
+        logger.info("cache_compile: module state is read on every call (%s)", why)
+        return None
+    return mod
+
+
+def _extension(source: str, name: str, otherwise: str) -> ModuleType | None:
+    """The Python extension module ``name`` built from ``csrc/<source>``, or None (logged, with
+    what happens ``otherwise``)."""
+    if not native.enabled():
+        return None
+    lib = native.load(source, symbols=(f"PyInit_{name}",))
+    if lib is None:
+        return None
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(name, lib._name)
+        spec = importlib.util.spec_from_file_location(name, lib._name, loader=loader)
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+    except (ImportError, OSError) as exc:
+        logger.info("%s could not be loaded (%s); %s", name, exc, otherwise)
+        return None
+    return mod
+
+
+class _Probe:
+    """A plain object for :func:`_tags_unrecognized`."""
+
+
+class _OtherProbe:
+    """Another type for :func:`_tags_unrecognized`'s ``__class__`` assignment."""
+
+
+def _tags_unrecognized(mod: ModuleType) -> str:
+    """Why ``mod``'s tags cannot be trusted to show a change to module state ("" when they can):
+    each change below, made after a watch was taken, must make it report a change, and an
+    untouched watch must not."""
+    module = torch.nn.Module()
+    module.eps = 1e-6
+    module.register_parameter("w", torch.nn.Parameter(torch.zeros(1)))
+    obj = _Probe()
+    obj.a = 1
+
+    def taken() -> Any:
+        return mod.watch((obj.__dict__, module.__dict__, module._parameters, module._modules),
+                         (obj, module))
+
+    first = taken()
+    if first is None:
+        return "this Python keeps no dict version tags"
+    if not mod.unchanged(first):
+        return "an untouched dict read as changed"
+    changes = {"an attribute set": lambda: setattr(obj, "a", 2),
+               "an attribute deleted": lambda: delattr(obj, "a"),
+               "a module attribute set": lambda: setattr(module, "eps", 1e-5),
+               "object.__setattr__ on a module": lambda: object.__setattr__(module, "eps", 2e-5),
+               "a key stored in __dict__": lambda: module.__dict__.__setitem__("x", 1),
+               "a parameter stored in _parameters": lambda: module._parameters.__setitem__(
+                   "w", torch.nn.Parameter(torch.ones(1))),
+               "a submodule stored in _modules": lambda: module._modules.__setitem__(
+                   "m", torch.nn.Module()),
+               "a class attribute set": lambda: setattr(_Probe, "k", object()),
+               "__class__ assigned": lambda: setattr(obj, "__class__", _OtherProbe)}
+    for what, change in changes.items():
+        watch = taken()
+        if watch is None:
+            return "a probe type lost its version tag"
+        change()
+        if mod.unchanged(watch):
+            return f"{what} left the tags unchanged"
+    return ""
 
 
 def _unrecognized(mod: ModuleType) -> str:

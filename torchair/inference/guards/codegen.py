@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from torchair.inference.guards.grammar import FUNCTIONS, METHODS, is_source
+from torchair.inference.guards.hoist import ATTR, ITEM, StateHoist, available
 from torchair.inference.guards.objects import ObjIs, TypeIs
 from torchair.inference.guards.sources import Globals, Sources
 from torchair.inference.guards.tensors import DISPATCH_TLS, TensorMemo
@@ -107,19 +108,31 @@ class _Writer:
         return name
 
     # ---------------------------------------------------------------- source steps
-    def step(self, k: int) -> str:
-        """``v<slot> = ...`` for step ``k`` of the sources."""
+    def kind(self, k: int) -> tuple[str, Any]:
+        """What step ``k`` of the sources does: (:data:`~.hoist.ITEM`, key), (:data:`~.hoist.ATTR`,
+        name), ("call", method name) or ("getter", its function)."""
         parent, fn, key = self.sources.steps[k]
         slot, pkey = k + 2, self.sources.steps[parent - 2][2] if parent >= 2 else "LG"[parent]
-        target, src = f"v{slot}", f"v{parent}"
         suffix = key[len(pkey):] if key.startswith(pkey) else None
         if suffix is not None and _ITEM.fullmatch(suffix) and slot in self.sources.items:
-            return f"{target} = {src}[{self.bind(self.sources.items[slot], 'k')}]"
+            return ITEM, self.sources.items[slot]
         if suffix is not None and suffix.startswith(".") and suffix[1:].isidentifier():
-            return f"{target} = {src}.{_identifier(suffix[1:])}"
+            return ATTR, _identifier(suffix[1:])
         if suffix is not None and _CALL.fullmatch(suffix):
-            return f"{target} = {src}.{_identifier(_CALL.fullmatch(suffix).group(1))}()"
-        return f"{target} = {self.bind(fn, 's')}({src})"  # any other step: its own getter
+            return "call", _identifier(_CALL.fullmatch(suffix).group(1))
+        return "getter", fn
+
+    def step(self, k: int) -> str:
+        """``v<slot> = ...`` for step ``k`` of the sources."""
+        kind, what = self.kind(k)
+        target, src = f"v{k + 2}", f"v{self.sources.steps[k][0]}"
+        if kind == ITEM:
+            return f"{target} = {src}[{self.bind(what, 'k')}]"
+        if kind == ATTR:
+            return f"{target} = {src}.{what}"
+        if kind == "call":
+            return f"{target} = {src}.{what}()"
+        return f"{target} = {self.bind(what, 's')}({src})"  # any other step: its own getter
 
     # ---------------------------------------------------------------- guard expressions
     def expr(self, node: ast.AST) -> str:
@@ -251,8 +264,17 @@ def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
     # it (it cannot fail, so skipping it changes no outcome)
     reads = [getattr(g, "read", None) for g in gs.untensored]  # (None: not known, keep it)
     read = set().union(*reads) if None not in reads else None
-    body += [w.step(k) for k in steps
+    steps = [k for k in steps
              if read is None or gs.sources.roots[k + 2] != DISPATCH_TLS or k + 2 in read]
+    hoisted = _hoisted(gs, w, steps)
+    by_input = {k: (parent, key) for k, parent, key in dict_inputs}
+    if hoisted is None:
+        body += [w.step(k) for k in steps]
+        body += _dict_reads(w, gs, dict_inputs)
+        values = {k: f"p{parent}[{w.bind(key, 'k')}]" for k, (parent, key) in by_input.items()}
+    else:
+        hoist_lines, values = _hoist_block(w, gs, steps, hoisted, dict_inputs)
+        body += hoist_lines
     tests = []
     if memo.slots:
         args = ", ".join(f"v{slot}" for slot in memo.slots)
@@ -266,18 +288,7 @@ def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
         body += [f"if not {test}:", "    return None"]
     if memo.slots:
         body.append(f"{w.bind(memo, 'm')}.misses = 0")
-    by_input = {k: (parent, key) for k, parent, key in dict_inputs}
-    if dict_inputs:
-        # one read per module dict (the inputs of one dict share it: the same full check
-        # stored it for each), then one subscript per input
-        body.append(f"d = {w.bind(gs, 'g')}.tensor_dicts")
-        first: dict[int, int] = {}
-        for k, parent, _ in dict_inputs:
-            if parent not in first:
-                first[parent] = k
-                body.append(f"p{parent} = d[{w.bind(k)}]")
-    flat = [f"p{by_input[k][0]}[{w.bind(by_input[k][1], 'k')}]" if k in by_input else
-            f"v{slot}" for k, slot in enumerate(gs.inputs)]
+    flat = [values[k] if k in values else f"v{slot}" for k, slot in enumerate(gs.inputs)]
     body.append("return [" + ", ".join(flat) + "]")
     source = ("def per_call(v0, G):\n    try:\n" + "".join(f"        {line}\n" for line in body)
               + f"    except {w.bind(Exception, 'e')}:\n        return None\n")
@@ -285,4 +296,93 @@ def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
     exec(compile(source, "<torchair per-call check>", "exec"), namespace)  # noqa: S102
     program = namespace["per_call"]
     program.source = source  # type: ignore[attr-defined]
+    program.hoist = hoisted[0] if hoisted is not None else None  # type: ignore[attr-defined]
     return program
+
+
+def _dict_reads(w: _Writer, gs: PerCallChecks, dict_inputs: Sequence[tuple]) -> list[str]:
+    """One read per module dict of the inputs read from one (the inputs of one dict share it:
+    the same full check stored it for each): ``p<dict slot> = d[...]``."""
+    if not dict_inputs:
+        return []
+    lines = [f"d = {w.bind(gs, 'g')}.tensor_dicts"]
+    first: set[int] = set()
+    for k, parent, _ in dict_inputs:
+        if parent not in first:
+            first.add(parent)
+            lines.append(f"p{parent} = d[{w.bind(k)}]")
+    return lines
+
+
+def _hoisted(gs: PerCallChecks, w: _Writer, steps: list[int]) -> tuple | None:
+    """(the :class:`~.hoist.StateHoist`, the root step or None, the hoisted steps) of a check
+    whose module state can be hoisted (:mod:`.hoist`), else None: the steps from the module root
+    that are attribute or item reads of the root or of another such step."""
+    root = getattr(gs, "module_root", None)
+    helper = available() if root is not None else None
+    if helper is None:
+        return None
+    root_step, hoisted, plan = None, [], []
+    position: dict[int, int] = {}  # slot -> index in the hoisted values
+    for k in steps:
+        slot, parent = k + 2, gs.sources.steps[k][0]
+        if gs.sources.roots[slot] != root:
+            continue
+        if parent == 0:
+            root_step = k
+            continue
+        kind, what = w.kind(k)
+        if kind not in (ATTR, ITEM) or not (parent == (root_step or -1) + 2 or parent in position):
+            continue
+        position[slot] = len(plan)
+        plan.append((kind, position.get(parent, -1), what))
+        hoisted.append(k)
+    if not hoisted and not gs.per_call[2]:
+        return None
+    return StateHoist(plan, helper, lambda: gs.calls), root_step, hoisted
+
+
+def _hoist_block(w: _Writer, gs: PerCallChecks, steps: list[int], hoisted: tuple,
+                 dict_inputs: Sequence[tuple]) -> tuple[list[str], dict[int, str]]:
+    """The source reads with the module state hoisted (:mod:`.hoist`): the steps that do not read
+    module state, then the hoisted values served again while the watch says nothing changed
+    (else read and recorded), then the module-state steps the hoist does not cover. Returns the
+    lines and the graph inputs read from module dicts (index -> variable)."""
+    hoist, root_step, hoisted_steps = hoisted
+    root = gs.module_root
+    inside = set(hoisted_steps)
+    before = [k for k in steps if gs.sources.roots[k + 2] != root or k == root_step]
+    after = [k for k in steps if gs.sources.roots[k + 2] == root and k != root_step
+             and k not in inside]
+    params = [(k, f"q{k}") for k, _, _ in dict_inputs]
+    names = [f"v{k + 2}" for k in hoisted_steps] + [name for _, name in params]
+    # the values a call needs after the block (the rest are only read on the way to them)
+    needed = {f"v{slot}" for slot in gs.inputs} | {f"v{gs.sources.steps[k][0]}" for k in after}
+    needed |= {f"v{slot}" for slot in gs.memo.slots} if gs.memo is not None else set()
+    for guard in gs.untensored:
+        needed |= ({f"v{slot}" for slot in guard.read} if getattr(guard, "read", None)
+                   is not None else set(names))
+    keep = [i for i, n in enumerate(names) if n in needed or n.startswith("q")]
+    hoist.keep = tuple(keep)
+    unpack = "(" + "".join(f"{n}, " for n in names) + ")"
+    kept = "(" + "".join(f"{names[i]}, " for i in keep) + ")"
+    h, g = w.bind(hoist, "h"), w.bind(gs, "g")
+    rv = f"v{root_step + 2}" if root_step is not None else w.bind(None)
+    read = [w.step(k) for k in hoisted_steps] + _dict_reads(w, gs, dict_inputs)
+    read += [f"{name} = p{parent}[{w.bind(key, 'k')}]"
+             for (_, name), (_, parent, key) in zip(params, dict_inputs)]
+    pdicts = "(" + "".join(f"p{p}, " for p in dict.fromkeys(p for _, p, _ in dict_inputs)) + ")"
+    lines = [w.step(k) for k in before]
+    lines += [f"h = {h}.current",
+              f"if h is not None and {rv} is h[0] and {g}.tensor_dicts is h[1] and "
+              f"{w.bind(hoist.unchanged, 'f')}(h[2]):",
+              f"    {kept} = h[3]",
+              "else:"]
+    if dict_inputs:
+        lines += ["    " + line for line in read] + [
+            f"    {h}.record({rv}, d, {unpack}, {pdicts})"]
+    else:
+        lines += ["    " + line for line in read] + [
+            f"    {h}.record({rv}, None, {unpack}, ())"]
+    lines += [w.step(k) for k in after]
+    return lines, dict(params)

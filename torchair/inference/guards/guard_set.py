@@ -79,8 +79,10 @@ class GuardSet:
     and the graph inputs need, and ``(graph input, dict slot, key)`` of the inputs read from a
     module's parameter or buffer dict; ``memo``, the :class:`TensorMemo` of the per-call
     TENSOR_MATCH guards; ``untensored``, the per-call guards the memo does not imply;
-    ``tensor_dicts``, graph input -> its module dict as of the last full check; and
-    ``program``, the generated per-call check (None: the general form runs)."""
+    ``tensor_dicts``, graph input -> its module dict as of the last full check; ``module_root``,
+    the source of the module whose state the per-call check may hoist (``L['self']``; None:
+    none); ``calls``, how many calls the per-call checks decided; and ``program``, the
+    generated per-call check (None: the general form runs)."""
 
     def __init__(self, records: Sequence[dict], input_sources: Sequence[str] = ()) -> None:
         self.sources = Sources()
@@ -112,6 +114,7 @@ class GuardSet:
         self.memo: TensorMemo | None = None
         self.untensored: list[Guard] = []
         self.tensor_dicts: dict[int, Any] = {}
+        self.module_root: str | None = None
         self.program: Callable[[dict, Any], list | None] | None = None
         self._checked_epoch = -1  # the module epoch of the last full check that held
         # the DEBUG trace of calls (see _trace)
@@ -168,11 +171,14 @@ class GuardSet:
         return "", [values[i] for i in self.inputs]
 
     # ------------------------------------------------------------- per-call argument checks
-    def watch_arguments(self, arguments: Sequence[str]) -> None:
+    def watch_arguments(self, arguments: Sequence[str], module: str | None = None) -> None:
         """Prepare :meth:`check_arguments`: the guards that read a call argument (a name in
         ``arguments``) or no source at all, the sources they and the graph inputs read, and
         the inputs that are a module's parameters or buffers (read from the module's
-        ``_parameters`` / ``_buffers`` dict, kept from the last full check)."""
+        ``_parameters`` / ``_buffers`` dict, kept from the last full check). ``module``: the
+        frame's name of the module whose state the generated check may read once and serve
+        again while unchanged (:mod:`~torchair.inference.guards.hoist`)."""
+        self.module_root = f"L[{module!r}]" if module is not None else None
         roots = {f"L[{name!r}]" for name in arguments}
         sources = self.sources
 
@@ -215,6 +221,11 @@ class GuardSet:
             logger.debug("cache_compile: the per-call check runs in its general form (%s: %s)",
                          type(why).__name__, why)
         return None
+
+    @property
+    def calls(self) -> int:
+        """How many calls the per-call checks decided (served or refused)."""
+        return self._calls
 
     def dict_inputs(self) -> list:
         """(graph input index, its module dict's slot, key) of the inputs read from a module's

@@ -79,8 +79,8 @@ FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fope
 # the pragmas are ignored and the loops run on one thread
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++20", "-w", "-fopenmp", "-fPIC", "-shared")
 _SRC_DIR = pathlib.Path(__file__).resolve().parent / "csrc"
-# what marks a C++ source as a Python extension module (built with this Python's headers, loaded
-# with importlib after ``load``; see torchair.runtime.unit_call)
+# what marks a C or C++ source as a Python extension module (built with this Python's headers,
+# loaded with importlib after ``load``; see torchair.runtime.unit_call)
 _PYTHON_EXTENSION = b"#include <Python.h>"
 _RECORD_FORMAT = "torchair.native_kernel"
 _RECORD_VERSION = 1
@@ -232,11 +232,12 @@ def _compiler(source: pathlib.Path | None = None) -> str:
 
 
 def _command_flags(source: pathlib.Path) -> tuple[str, ...]:
-    """The compiler flags of ``source``: :data:`FLAGS` for C; for C++ (operators registered
-    with PyTorch's dispatcher) :data:`CXX_FLAGS` plus this torch's headers, ABI and libraries
+    """The compiler flags of ``source``: :data:`FLAGS` for C (and this Python's headers for a C
+    extension module); for C++ (operators registered with PyTorch's dispatcher) :data:`CXX_FLAGS` plus this torch's headers, ABI and libraries
     (torch's version and install path are part of the cache key through them)."""
-    if source.suffix != ".cpp":
-        return FLAGS
+    if source.suffix != ".cpp":  # a C extension module: this Python's headers (no torch)
+        return (FLAGS + (f"-I{sysconfig.get_paths()['include']}",)
+                if _PYTHON_EXTENSION in source.read_bytes() else FLAGS)
     import torch
 
     root = pathlib.Path(torch.__file__).resolve().parent

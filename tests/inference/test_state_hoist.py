@@ -1,0 +1,218 @@
+"""Module state hoisted out of the per-call check (``guards.hoist``): the generated check serves the
+module state it read last time while CPython's dict and type version tags say nothing it was read
+through changed, and reads it again otherwise. Every change to module state a served call can see
+(an attribute, a dict entry, a parameter swapped in its dict, a class attribute, ``__class__``,
+a parameter's data) must reach the result, which is compared with eager each time."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchair
+from torchair.inference import cache_compile
+from torchair.inference.guards import hoist as guard_hoist
+from torchair.runtime import unit_call
+
+pytestmark = pytest.mark.skipif(unit_call.state_watch() is None,
+                                reason="no C compiler, or this Python keeps no dict version tags")
+
+
+class Norm(torch.nn.Module):
+    def __init__(self, eps: float = 1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = Norm()
+        self.blocks = torch.nn.ModuleList([Norm(1e-5), Norm(1e-4)])
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x) + x
+        return self.lin(self.norm(x))
+
+
+def _config():
+    config = torchair.CompilerConfig()
+    config.debug.run_eagerly = True
+    return config
+
+
+def _served(tmp_path, model):
+    """The model's forward through cache_compile after its cold call and three served calls (the
+    per-call check has run, and read the module state once)."""
+    cached = cache_compile(model.forward, config=_config(), cache_dir=str(tmp_path))
+    with torch.no_grad():
+        for _ in range(4):
+            cached(torch.randn(4, 8))
+    return cached
+
+
+def _hoist(cached):
+    program = cached.runtime.guards.program
+    assert program is not None, "the per-call check was not generated"
+    return program.hoist
+
+
+def _equal_to_eager(cached, model, x):
+    with torch.no_grad():
+        got, want = cached(x), model(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_steady_loop_serves_the_state_read_once(tmp_path):
+    model = Net().eval()
+    cached = _served(tmp_path, model)
+    hoist = _hoist(cached)
+    assert hoist is not None and hoist.enabled and hoist.current is not None
+    before = hoist.records
+    for _ in range(5):
+        _equal_to_eager(cached, model, torch.randn(4, 8))
+    assert hoist.records == before, "a call with unchanged state read it again"
+    assert hoist.current is not None
+
+
+def _set_eps_property(model):
+    type(model.norm).eps = property(lambda self: 0.5)  # a data descriptor beats the instance dict
+
+
+class _OtherNorm(Norm):
+    @property
+    def eps(self):
+        return 0.25
+
+
+_SPARE = Norm(3.0)
+
+# each change to module state a served call reads, made after the state was hoisted
+CHANGES = {
+    "attribute": lambda m: setattr(m.norm, "eps", 0.5),
+    "attribute of a list's module": lambda m: setattr(m.blocks[1], "eps", 2.0),
+    "__dict__ entry": lambda m: m.norm.__dict__.__setitem__("eps", 0.125),
+    "object.__setattr__": lambda m: object.__setattr__(m.norm, "eps", 0.75),
+    "parameter swapped in _parameters": lambda m: m.lin._parameters.__setitem__(
+        "weight", torch.nn.Parameter(torch.randn(8, 8))),
+    # built before the calls: building one registers its parameter, which bumps the module epoch.
+    # Its eps is read through _modules and must reach the result; its weight (equal to the old
+    # one's) is read from the parameter dicts of the last full check, the documented limit of
+    # TORCHAIR_CACHE_GUARDS=arguments for submodules placed without a registration
+    "submodule swapped in _modules": lambda m: m._modules.__setitem__("norm", _SPARE),
+    "parameter data": lambda m: setattr(m.lin.weight, "data", torch.randn(8, 8)),
+    "parameter written in place": lambda m: m.norm.weight.data.mul_(3.0),
+    "__class__": lambda m: setattr(m.norm, "__class__", _OtherNorm),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_every_change_to_hoisted_state_reaches_the_result(tmp_path, change):
+    model = Net().eval()
+    cached = _served(tmp_path, model)
+    assert _hoist(cached).current is not None
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        before = cached(x)
+    CHANGES[change](model)
+    with torch.no_grad():
+        after, want = cached(x), model(x)
+    assert not torch.equal(before, want), f"{change}: the change does not move the result"
+    torch.testing.assert_close(after, want, rtol=0, atol=0)
+    _equal_to_eager(cached, model, torch.randn(4, 8))  # and the call after it
+
+
+def test_a_class_property_added_later_reaches_the_result(tmp_path):
+    class Local(Norm):
+        pass
+
+    model = Net().eval()
+    model.norm.__class__ = Local
+    cached = _served(tmp_path, model)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        before = cached(x)
+    Local.eps = property(lambda self: 0.5)  # the type's version tag changes, not the dict's
+    with torch.no_grad():
+        after, want = cached(x), model(x)
+    assert not torch.equal(before, want)
+    torch.testing.assert_close(after, want, rtol=0, atol=0)
+
+
+def test_state_that_changes_every_call_stops_the_hoist(tmp_path):
+    model = Net().eval()
+    cached = _served(tmp_path, model)
+    hoist = _hoist(cached)
+    for i in range(12):
+        model.norm.eps = 1e-6 * (i + 2)  # read by the graph: every call sees a new value
+        _equal_to_eager(cached, model, torch.randn(4, 8))
+    assert not hoist.enabled and hoist.current is None
+    records = hoist.records
+    model.norm.eps = 0.5
+    _equal_to_eager(cached, model, torch.randn(4, 8))
+    assert hoist.records == records  # off for good: read per call, as without it
+
+
+def test_a_list_on_the_path_keeps_the_state_read_per_call(tmp_path):
+    class Scaled(Net):
+        def __init__(self):
+            super().__init__()
+            self.scales = [1.0, 2.0]
+
+        def forward(self, x):
+            return super().forward(x) * self.scales[1]
+
+    model = Scaled().eval()
+    cached = _served(tmp_path, model)
+    hoist = _hoist(cached)
+    assert hoist is not None and hoist.current is None and not hoist.enabled
+    model.scales[1] = 3.0  # a list item changes no dict: it must be read per call
+    _equal_to_eager(cached, model, torch.randn(4, 8))
+
+
+def test_switch_off_generates_no_hoist(tmp_path, monkeypatch):
+    monkeypatch.setenv(guard_hoist.ENV_HOIST, "0")
+    model = Net().eval()
+    cached = _served(tmp_path, model)
+    assert _hoist(cached) is None
+    model.norm.eps = 0.5
+    _equal_to_eager(cached, model, torch.randn(4, 8))
+
+
+def test_watched_reads_what_a_tuple_list_or_descriptor_allows():
+    helper = unit_call.state_watch()
+    obj = Norm()
+    steps = [(guard_hoist.ATTR, -1, "eps")]
+    hoist = guard_hoist.StateHoist(steps, helper, lambda: 0)
+    assert hoist._watched(obj, (obj.eps,), ()) is not None
+    assert hoist._watched(obj, (0.5,), ()) is None  # not the value the dict holds
+    item = guard_hoist.StateHoist([(guard_hoist.ITEM, -1, 1)], helper, lambda: 0)
+    assert item._watched((1.0, 2.0), (2.0,), ()) == ((), ())  # a tuple never changes
+    assert item._watched([1.0, 2.0], (2.0,), ()) is None  # a list may
+    assert item._watched({1: 2.0}, (2.0,), ()) is not None
+    assert hoist._watched(obj, (obj.eps,), ([],)) is None  # a parameter "dict" that is not one
+
+
+def test_the_watch_sees_each_kind_of_change():
+    helper = unit_call.state_watch()
+    d, obj = {"a": 1}, Norm()
+    watch = helper.watch((d, obj.__dict__), (obj,))
+    assert helper.unchanged(watch)
+    d["a"] = 1  # the same value stored again: nothing changed
+    assert helper.unchanged(watch)
+    d["b"] = 2
+    assert not helper.unchanged(watch)
+    watch = helper.watch((d, obj.__dict__), (obj,))
+    del d["b"]
+    assert not helper.unchanged(watch)
+    watch = helper.watch((d, obj.__dict__), (obj,))
+    obj.eps = 0.5
+    assert not helper.unchanged(watch)
+    with pytest.raises(TypeError, match="dict"):
+        helper.watch((torch.nn.ParameterDict(),), ())

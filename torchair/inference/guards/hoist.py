@@ -1,0 +1,146 @@
+"""Module state read once, then served again while the dicts it came from are unchanged.
+
+A served call's generated check (:mod:`.codegen`) reads module state on every call: the chain of
+submodules from ``self`` to each module whose attribute is a graph input (a norm's ``eps``), and
+each parameter and buffer from its module's ``_parameters`` / ``_buffers`` dict. In a decode loop
+these few dozen dependent lookups run with the caches the step's weights evicted, so each costs a
+trip to memory. What they read depends only on dicts and types: an attribute ``obj.name`` held in
+``obj.__dict__`` (no data descriptor of that name on its type) is that dict's entry while the
+dict, ``type(obj)`` and the type's version tag are unchanged; ``d[key]`` of a dict is its entry
+while the dict is unchanged. CPython changes a dict's version tag on every change to it, and a
+type's on every change to it or a base (:func:`torchair.runtime.unit_call.state_watch`).
+
+So :class:`StateHoist` keeps the values the last full read produced with a watch of every dict
+and object that read went through; the generated check serves them again while one C call says
+the watch is unchanged, and reads everything again (and takes a new watch) when it is not. A
+chain the watch cannot cover (an attribute that comes from ``__getattr__`` or a descriptor, an
+item of a list) takes no watch, and a check whose watch keeps changing (a loop that assigns a
+module attribute every step, say) stops taking them: either way every call reads the state as
+before. Where the tags cannot be had (no C compiler, ``TORCHAIR_NATIVE_KERNELS=0``, a Python
+without them, or ``TORCHAIR_STATE_HOIST=0``) nothing is hoisted.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from torchair.base.log import env_switch, logger
+from torchair.runtime.unit_call import state_watch
+
+__all__ = ["ATTR", "ENV_HOIST", "ITEM", "StateHoist", "available"]
+
+# module state read once and served again while unchanged (0: read on every call)
+ENV_HOIST = "TORCHAIR_STATE_HOIST"
+
+ATTR, ITEM = "attr", "item"  # the kinds of a hoisted step: ``parent.name``, ``parent[key]``
+
+# a watch replaced this many times in a row with fewer than _MIN_SERVED calls served from it in
+# between: the state changes every call or so, and the hoist stops (one read per call, as before)
+_MAX_FRUITLESS = 4
+_MIN_SERVED = 2
+
+
+def available() -> Any:
+    """The C helper (``watch`` / ``unchanged``), or None when state is read on every call."""
+    if not env_switch(ENV_HOIST):
+        return None
+    return state_watch()
+
+
+def _data_descriptor(tp: type, name: str) -> bool:
+    """Whether ``name`` on instances of ``tp`` goes through a data descriptor of the type (which
+    takes precedence over the instance dict)."""
+    for klass in tp.__mro__:
+        found = klass.__dict__.get(name, _NOTHING)
+        if found is not _NOTHING:
+            kind = type(found)
+            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+    return False
+
+
+_NOTHING = object()
+
+
+class StateHoist:
+    """The hoisted module state of one generated check (see the module doc).
+
+    ``steps``: per hoisted value, ``(kind, parent, name)``: ``parent`` the index of the value it
+    is read from (-1: the root module), ``name`` the attribute name (:data:`ATTR`) or the key
+    (:data:`ITEM`); the parameter values follow them in a record's ``values``. ``keep``: the
+    indices of the values a call uses (set by the generator). The generated check reads
+    :attr:`current`, ``(root, tensor dicts, watch, the kept values)``, and calls :meth:`record`
+    after each full read."""
+
+    __slots__ = ("steps", "keep", "current", "unchanged", "_watch", "_calls", "_last_calls", "_fruitless",
+                 "enabled", "records", "_lock")
+
+    def __init__(self, steps: Sequence[tuple[str, int, Any]], helper: Any, calls: Any) -> None:
+        self.steps = tuple(steps)
+        self.keep: tuple[int, ...] = ()
+        self.current: tuple | None = None
+        self.unchanged = helper.unchanged
+        self._watch = helper.watch
+        self._calls = calls  # () -> how many calls the check has served (to tell a fruitless watch)
+        self._last_calls = -_MIN_SERVED
+        self._fruitless = 0
+        self.enabled = True
+        self.records = 0  # watches taken (a test reads it: one for a steady serving loop)
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        """Forget the hoisted values (the next call reads the state again)."""
+        self.current = None
+
+    def record(self, root: Any, tensor_dicts: Any, values: tuple, param_dicts: tuple) -> None:
+        """After a full read: keep ``values`` with a watch of what they were read through
+        (``root``: the module the chains start at, ``param_dicts``: the parameter and buffer dicts
+        the parameter values were read from). Never raises: a read it cannot watch stays a read."""
+        if not self.enabled:
+            return
+        with self._lock:
+            try:
+                watched = self._watched(root, values, param_dicts)
+                watch = self._watch(*watched) if watched is not None else None
+            except Exception as error:  # noqa: BLE001 - a read it cannot watch stays a read
+                logger.debug("cache_compile: module state is read per call (%s: %s)",
+                             type(error).__name__, error)
+                watch = None
+            calls = self._calls()
+            self._fruitless = self._fruitless + 1 if calls - self._last_calls < _MIN_SERVED else 0
+            self._last_calls = calls
+            self.records += 1
+            if watch is None or self._fruitless >= _MAX_FRUITLESS:
+                self.enabled = watch is not None and self._fruitless < _MAX_FRUITLESS
+                self.current = None
+                logger.debug("cache_compile: module state is read on every call (%s)",
+                             "it changed at every call" if watch is not None else
+                             "a read it cannot watch")
+                return
+            self.current = (root, tensor_dicts, watch, tuple(values[i] for i in self.keep))
+
+    def _watched(self, root: Any, values: tuple, param_dicts: tuple) -> tuple | None:
+        """(dicts, objects) the values were read through, or None when one step cannot be
+        watched."""
+        dicts: dict[int, Any] = {}
+        objects: dict[int, Any] = {}
+        for (kind, parent, name), value in zip(self.steps, values):
+            obj = root if parent < 0 else values[parent]
+            if kind == ATTR:
+                tp = type(obj)
+                if tp.__getattribute__ is not object.__getattribute__:
+                    return None
+                own = getattr(obj, "__dict__", None)
+                if (type(own) is not dict or own.get(name, _NOTHING) is not value
+                        or _data_descriptor(tp, name)):
+                    return None
+                dicts[id(own)] = own
+                objects[id(obj)] = obj
+            elif type(obj) is dict:
+                dicts[id(obj)] = obj
+            elif type(obj) is not tuple:  # a tuple's items never change; a list's may
+                return None
+        for d in param_dicts:
+            if type(d) is not dict:
+                return None
+            dicts[id(d)] = d
+        return tuple(dicts.values()), tuple(objects.values())
