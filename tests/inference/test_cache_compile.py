@@ -668,6 +668,26 @@ def test_the_number_inputs_reuse_their_tensors_only_for_the_same_objects():
     assert a[0] is not b[0] and handed.last is None
 
 
+def test_number_inputs_compare_versions_only_of_the_tensors_the_unit_writes():
+    """A tensor made for a number is never handed out: only the unit can write into it, so its
+    version is compared only for the inputs the unit writes (all of them when not known)."""
+    from torchair.inference._cache_runtime import _NumberInput, _NumberInputs, _written_inputs
+
+    group = _NumberInputs({1: _NumberInput("float64", reuse=True),
+                           3: _NumberInput("float32", reuse=True)}, written={3})
+    eps, scale = 1e-6, 2.0
+    flat = ["x", eps, "y", scale]
+    group(flat)
+    assert [t for t, _ in group.last[2]] == [flat[3]]  # only input 3's version is compared
+    flat[3].add_(1.0)  # the unit wrote into input 3: made again
+    again = ["x", eps, "y", scale]
+    group(again)
+    assert again[3] is not flat[3] and again[3].item() == scale and again[1] is flat[1]
+    assert _written_inputs({"kind": "static", "mutated": [2, 5]}) == {2, 5}
+    assert _written_inputs({"kind": "gears", "gears": [{"mutated": [1]}, {"mutated": [4]}]}) == {1, 4}
+    assert _written_inputs({"kind": "host"}) is None
+
+
 def test_unguarded_parameters_are_checked_per_call(tmp_path, log):
     """Dynamo puts no tensor guard on the parameters of inlined modules; the entry checks their
     dtype, size and device on every call, in the cold process too."""
@@ -961,6 +981,25 @@ def _gear_entry(tmp_path):
     with torch.no_grad():
         cached(marked)
     return model, cached
+
+
+def test_marks_on_a_later_call_of_an_entry_without_gears_fall_back(tmp_path, log):
+    """An entry built without gears serves unmarked calls (the marks test is one C loop when the
+    helper is there); a call whose tensor carries set_dim_gears marks is refused, naming them."""
+    from torchair.inference import set_dim_gears
+
+    model = _GearStep().eval()
+    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    with torch.no_grad():
+        for _ in range(4):
+            x = torch.randn(2, 8)
+            assert _equal(cached(x), model.step(x))
+        assert not _messages(log), _messages(log)
+        marked = torch.randn(2, 8)
+        set_dim_gears(marked, {0: [2, 4]})
+        assert _equal(cached(marked), model.step(marked))
+    assert any("has gears {0: (2, 4)}, the entry was built for gears None" in m
+               for m in _messages(log)), _messages(log)
 
 
 @pytest.mark.parametrize("process", ["cold", "warm"])
