@@ -4,8 +4,9 @@
 the check's Python objects and code. In a decode step the weights stream through the caches
 between two calls, so the check runs with them cold. This bench times the bench decoder
 (:mod:`bench.model`) through ``cache_compile`` (``torchair-cache``) with its call split in three
-(the entry's check, ``Runtime.check``; its launch unit, ``Runtime.__call__``; the rest: the
-frame, ``CachedFunction``'s own layers), beside the same launch unit called with Dynamo's flat
+(the entry's guard check, ``Runtime._check``: the generated per-call check; its launch unit,
+``Runtime.unit``; the rest: the frame, the number inputs' tensors, the gear-marks test and
+``CachedFunction`` / ``Runtime.serve`` themselves), beside the same launch unit called with Dynamo's flat
 arguments and nothing checked (``torchair-nodynamo``) and, optionally, ``eager``. The variants
 run in interleaved rounds of ``--steps`` steps (``_harness.interleaved_rounds``, as
 ``bench_decode_step.py``); each number is a median over rounds at one position in the round:
@@ -34,17 +35,17 @@ PARTS = ("check", "unit", "rest")
 
 
 class _Split:
-    """Times ``Runtime.check`` and ``Runtime.__call__`` of every cached call while installed."""
+    """Times the guard check (``Runtime._check``: the generated per-call check or the general
+    one) and the launch unit (``Runtime.unit``) of every call of ``runtime`` while installed
+    (instance attributes: ``Runtime.serve`` and the general path both call them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, runtime: _cache_runtime.Runtime) -> None:
+        self.runtime = runtime
         self.last: dict[str, int] = {}
-        self._saved: tuple = ()
+        self._saved = (runtime._check, runtime.unit)
 
     def __enter__(self) -> _Split:
-        runtime = _cache_runtime.Runtime
-        check, call = runtime.check, runtime.__call__
-        self._saved = (check, call)
-        last = self.last
+        runtime, last = self.runtime, self.last
 
         def timed(name: str, fn: Callable) -> Callable:
             def wrapper(*args: Any) -> Any:
@@ -55,11 +56,11 @@ class _Split:
                     last[name] = time.perf_counter_ns() - start
             return wrapper
 
-        runtime.check, runtime.__call__ = timed("check", check), timed("unit", call)
+        runtime._check, runtime.unit = timed("check", runtime._check), timed("unit", runtime.unit)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _cache_runtime.Runtime.check, _cache_runtime.Runtime.__call__ = self._saved
+        self.runtime._check, self.runtime.unit = self._saved
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in variants.values():
             for s in schedule[:warm]:
                 v(s)
-        with _Split() as split:
+        with _Split(variants["torchair-cache"].compiled.runtime) as split:
             timed = split.last
             cache, recorded = variants["torchair-cache"], []  # (check, unit) ns per cached call
 

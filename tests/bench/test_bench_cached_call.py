@@ -1,19 +1,27 @@
 """bench.bench_cached_call runs (FX engine, tiny model, few rounds): every position of the round
-timed for both variants, the cached call split into check, unit and rest, and the timing
-wrappers removed afterwards. Nothing about speed is asserted."""
+timed for both variants, the cached call split into check, unit and rest (timed from the
+entry's own instance attributes, which Runtime.serve calls), and the timing wrappers removed
+afterwards. Nothing about speed is asserted."""
 from __future__ import annotations
 
 import json
 
 from bench import bench_cached_call as bench
-from torchair.inference import _cache_runtime
 
 
-def test_quick_run_splits_the_cached_call(tmp_path, capsys):
-    check, call = _cache_runtime.Runtime.check, _cache_runtime.Runtime.__call__
+def test_quick_run_splits_the_cached_call(tmp_path, capsys, monkeypatch):
+    runtimes = []
+    split = bench._Split
+
+    def recorded(runtime):
+        runtimes.append((runtime, runtime._check, runtime.unit))
+        return split(runtime)
+
+    monkeypatch.setattr(bench, "_Split", recorded)
     out = tmp_path / "cached_call.json"
     assert bench.main(["--quick", "--engine", "fx", "--steps", "3", "--out", str(out)]) == 0
-    assert (_cache_runtime.Runtime.check, _cache_runtime.Runtime.__call__) == (check, call)
+    (runtime, check, unit), = runtimes
+    assert (runtime._check, runtime.unit) == (check, unit)  # the timing wrappers are gone
     payload = json.loads(out.read_text())
     assert set(payload["by_position_us"]) == {"torchair-cache", "torchair-nodynamo"}
     for rows in (payload["by_position_us"], payload["cache_split_by_position_us"]):

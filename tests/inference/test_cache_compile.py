@@ -1041,3 +1041,28 @@ def test_later_call_with_other_gear_marks_falls_back(tmp_path, log):
         assert _equal(cached(other), model.step(other))
     assert any("has gears {0: (2, 3)}, the entry was built for gears {0: (2, 4)}" in m
                for m in _messages(log)), _messages(log)
+
+
+def test_a_steady_served_loop_takes_the_one_frame_path(tmp_path, monkeypatch):
+    """After the first served call, a plain call runs Runtime.serve (check, number inputs, marks
+    and unit in one frame), never the general Runtime.check; a call it does not cover (keyword
+    arguments) still takes the general path, with the same result."""
+    from torchair.inference import _cache_runtime
+
+    model = _GearStep().eval()
+    cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+    with torch.no_grad():
+        for _ in range(3):
+            cached(torch.randn(2, 8))
+    general = []
+    check = _cache_runtime.Runtime.check
+    monkeypatch.setattr(_cache_runtime.Runtime, "check",
+                        lambda self, *a: general.append(1) or check(self, *a))
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(2, 8)
+            assert _equal(cached(x), model.step(x))
+        assert not general, "a plain served call took the general path"
+        x = torch.randn(2, 8)
+        assert _equal(cached(x=x), model.step(x))
+    assert general == [1]

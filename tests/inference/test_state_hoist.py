@@ -189,10 +189,10 @@ def test_watched_reads_what_a_tuple_list_or_descriptor_allows():
     helper = unit_call.state_watch()
     obj = Norm()
     steps = [(guard_hoist.ATTR, -1, "eps")]
-    hoist = guard_hoist.StateHoist(steps, helper, lambda: 0)
+    hoist = guard_hoist.StateHoist(steps, helper)
     assert hoist._watched(obj, (obj.eps,), ()) is not None
     assert hoist._watched(obj, (0.5,), ()) is None  # not the value the dict holds
-    item = guard_hoist.StateHoist([(guard_hoist.ITEM, -1, 1)], helper, lambda: 0)
+    item = guard_hoist.StateHoist([(guard_hoist.ITEM, -1, 1)], helper)
     assert item._watched((1.0, 2.0), (2.0,), ()) == ((), ())  # a tuple never changes
     assert item._watched([1.0, 2.0], (2.0,), ()) is None  # a list may
     assert item._watched({1: 2.0}, (2.0,), ()) is not None

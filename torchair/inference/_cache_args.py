@@ -57,6 +57,9 @@ class Frame:
         params = list(self.signature.parameters.values())
         simple = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
         self.names = tuple(p.name for p in params) if simple else None
+        # how many positional arguments make a call whose frame is just them and ``self``
+        # (-1: none; a free variable or another kind of parameter takes __call__)
+        self.positional = len(params) if simple and not code.co_freevars else -1
         self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
         self.arguments = tuple(p.name for p in params)  # what changes from call to call
         self.freevars = code.co_freevars

@@ -206,6 +206,10 @@ def _returned_inputs(aot: dict) -> set:
 _ALIAS_KINDS = ("input", "alias_input", "alias_intermediate", "alias_user")
 
 
+# what Runtime.serve returns for a call it leaves to the general path
+MISS = object()
+
+
 class InputsRefused(Exception):
     """A call the launch unit refused before running (its message says why): the caller falls
     back to compiling the call, as for a failed check."""
@@ -329,6 +333,29 @@ class Runtime:
                 return (f"graph input `{name}` has gears {found}, the entry was built for "
                         f"gears {expected}"), []
         return "", flat
+
+    def serve(self, frame: dict, globals_: Any) -> Any:
+        """The serving loop's call in one frame: :meth:`check` and :meth:`__call__` for the
+        common case (a call after the first, whose number inputs reuse their tensors, whose
+        arguments carry no gear marks, of a unit that returns one of its outputs as it is). :data:`MISS` without running the unit when the call is anything
+        else (the caller then takes the general path, which checks it again and says why)."""
+        plain = self.plain_output
+        if plain is None or self.first_call_context is not None or not self.served:
+            return MISS
+        why, flat = self._check(frame, globals_)
+        if why or (self.wrap.keys and not self.wrap(flat)):
+            return MISS
+        if not (self.unit_checks or self.unit_checks is None and self._unit_checks_inputs()):
+            if self.checks.mismatch(flat):  # a unit that does not check its inputs itself
+                return MISS
+        first_marked = self._first_marked
+        if first_marked is None or first_marked(flat, self._unmarked, DIM_GEARS_ATTR) >= 0:
+            return MISS
+        try:
+            outputs = self.unit(flat)
+        except InputLayoutError:  # refused before running: the general path says why
+            return MISS
+        return outputs[plain]
 
     def _unit_checks_inputs(self) -> bool:
         """Whether the launch unit, now built, checks each input :attr:`checks` covers (a

@@ -61,7 +61,7 @@ from torchair.inference._cache_payload import (
     stale_reason,
 )
 from torchair.inference._cache_readable import readable_cache
-from torchair.inference._cache_runtime import InputsRefused, Runtime
+from torchair.inference._cache_runtime import MISS, InputsRefused, Runtime
 from torchair.inference._graph_io import UnserializableGraph
 from torchair.inference.guards import GuardSet, UnsupportedGuard, record as _guards
 
@@ -170,6 +170,15 @@ class CachedFunction:
     # ------------------------------------------------------------------ calls
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():  # the serving loop's case: no context object to build
+            runtime, frame = self.runtime, self.frame
+            if runtime is not None and not kwargs and len(args) == frame.positional:
+                # the common served call, with no layer between the check and the unit
+                # (Frame.__call__'s common case, inline)
+                local = dict(zip(frame.names, args))
+                local[frame.self_name] = frame.module
+                out = runtime.serve(local, frame.globals)
+                if out is not MISS:
+                    return out
             try:
                 return self._call(args, kwargs)
             finally:

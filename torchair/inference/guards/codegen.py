@@ -339,7 +339,7 @@ def _hoisted(gs: PerCallChecks, w: _Writer, steps: list[int]) -> tuple | None:
         hoisted.append(k)
     if not hoisted and not gs.per_call[2]:
         return None
-    return StateHoist(plan, helper, lambda: gs.calls), root_step, hoisted
+    return StateHoist(plan, helper), root_step, hoisted
 
 
 def _hoist_block(w: _Writer, gs: PerCallChecks, steps: list[int], hoisted: tuple,
@@ -377,6 +377,7 @@ def _hoist_block(w: _Writer, gs: PerCallChecks, steps: list[int], hoisted: tuple
               f"if h is not None and {rv} is h[0] and {g}.tensor_dicts is h[1] and "
               f"{w.bind(hoist.unchanged, 'f')}(h[2]):",
               f"    {kept} = h[3]",
+              f"    {h}.hits += 1",
               "else:"]
     if dict_inputs:
         lines += ["    " + line for line in read] + [

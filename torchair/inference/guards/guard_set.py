@@ -81,7 +81,7 @@ class GuardSet:
     TENSOR_MATCH guards; ``untensored``, the per-call guards the memo does not imply;
     ``tensor_dicts``, graph input -> its module dict as of the last full check; ``module_root``,
     the source of the module whose state the per-call check may hoist (``L['self']``; None:
-    none); ``calls``, how many calls the per-call checks decided; and ``program``, the
+    none); and ``program``, the
     generated per-call check (None: the general form runs)."""
 
     def __init__(self, records: Sequence[dict], input_sources: Sequence[str] = ()) -> None:
@@ -221,11 +221,6 @@ class GuardSet:
             logger.debug("cache_compile: the per-call check runs in its general form (%s: %s)",
                          type(why).__name__, why)
         return None
-
-    @property
-    def calls(self) -> int:
-        """How many calls the per-call checks decided (served or refused)."""
-        return self._calls
 
     def dict_inputs(self) -> list:
         """(graph input index, its module dict's slot, key) of the inputs read from a module's

@@ -35,7 +35,8 @@ ENV_HOIST = "TORCHAIR_STATE_HOIST"
 ATTR, ITEM = "attr", "item"  # the kinds of a hoisted step: ``parent.name``, ``parent[key]``
 
 # a watch replaced this many times in a row with fewer than _MIN_SERVED calls served from it in
-# between: the state changes every call or so, and the hoist stops (one read per call, as before)
+# between: the state changes every call or so, and the hoist stops (one read per call, as before;
+# the first watch counts as replacing none)
 _MAX_FRUITLESS = 4
 _MIN_SERVED = 2
 
@@ -71,17 +72,16 @@ class StateHoist:
     :attr:`current`, ``(root, tensor dicts, watch, the kept values)``, and calls :meth:`record`
     after each full read."""
 
-    __slots__ = ("steps", "keep", "current", "unchanged", "_watch", "_calls", "_last_calls", "_fruitless",
-                 "enabled", "records", "_lock")
+    __slots__ = ("steps", "keep", "current", "unchanged", "_watch", "hits", "_fruitless", "enabled",
+                 "records", "_lock")
 
-    def __init__(self, steps: Sequence[tuple[str, int, Any]], helper: Any, calls: Any) -> None:
+    def __init__(self, steps: Sequence[tuple[str, int, Any]], helper: Any) -> None:
         self.steps = tuple(steps)
         self.keep: tuple[int, ...] = ()
         self.current: tuple | None = None
         self.unchanged = helper.unchanged
         self._watch = helper.watch
-        self._calls = calls  # () -> how many calls the check has served (to tell a fruitless watch)
-        self._last_calls = -_MIN_SERVED
+        self.hits = _MIN_SERVED  # calls served from the watch since it was taken (the check counts)
         self._fruitless = 0
         self.enabled = True
         self.records = 0  # watches taken (a test reads it: one for a steady serving loop)
@@ -105,9 +105,8 @@ class StateHoist:
                 logger.debug("cache_compile: module state is read per call (%s: %s)",
                              type(error).__name__, error)
                 watch = None
-            calls = self._calls()
-            self._fruitless = self._fruitless + 1 if calls - self._last_calls < _MIN_SERVED else 0
-            self._last_calls = calls
+            self._fruitless = self._fruitless + 1 if self.hits < _MIN_SERVED else 0
+            self.hits = 0
             self.records += 1
             if watch is None or self._fruitless >= _MAX_FRUITLESS:
                 self.enabled = watch is not None and self._fruitless < _MAX_FRUITLESS
