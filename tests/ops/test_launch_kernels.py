@@ -65,6 +65,32 @@ def _in_layout(layout, q, k, v):
 
 
 @pytest.mark.parametrize("layout", ["BSH", "BNSD", "BSND"])
+@pytest.mark.parametrize("view", ["columns", "transposed", "every-other"])
+def test_a_strided_float_query_gives_the_contiguous_querys_bits(layout, view):
+    """A float32 query with gaps between its rows (the query columns of a grouped q/k/v product),
+    transposed, or with a step in its last dimension is packed by the kernel: the result is the
+    contiguous query's, bit for bit, and the query is not written."""
+    q, k, v = _in_layout(layout, *_bnsd(seed=3))
+    if view == "columns":  # q's elements as the first columns of a wider tensor
+        wide = torch.randn(*q.shape[:-1], q.shape[-1] + 40)
+        wide[..., :q.shape[-1]] = q
+        strided = wide[..., :q.shape[-1]]
+    elif view == "transposed":
+        order = list(range(q.dim()))[::-1]  # column-major
+        strided = q.permute(order).contiguous().permute(order)
+    else:
+        wide = torch.zeros(*q.shape[:-1], 2 * q.shape[-1])
+        wide[..., ::2] = q
+        strided = wide[..., ::2]
+    assert not strided.is_contiguous() and torch.equal(strided, q)
+    before = strided.clone()
+    lt = torch.tensor([48, 7, 30])
+    out = _op(strided, k, v, lt, layout=layout)
+    assert torch.equal(out, _op(q, k, v, lt, layout=layout))
+    assert torch.equal(out, _twin(q, k, v, lt, layout=layout)) and torch.equal(strided, before)
+
+
+@pytest.mark.parametrize("layout", ["BSH", "BNSD", "BSND"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("lengths", [[48, 7, 0], [13], None, [99, 1, 48]],
                          ids=["mixed", "shared", "none", "past-end"])

@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <cstdint>
@@ -264,6 +265,32 @@ void check_paged_lengths(const char *op, const char *name, const std::vector<int
                     " / block_size)) = " + std::to_string(sum));
 }
 
+// The elements of a float32 tensor of any layout, in row-major order, at dst; returns dst.
+const float *pack_rows(const at::Tensor &t, float *dst) {
+  const int64_t nd = t.dim();
+  const float *src = t.const_data_ptr<float>();
+  if (nd == 0) {
+    *dst = *src;
+    return dst;
+  }
+  const auto sizes = t.sizes();
+  const auto strides = t.strides();
+  const int64_t inner = sizes[nd - 1], step = strides[nd - 1];
+  const int64_t outer = inner ? t.numel() / inner : 0;
+  std::vector<int64_t> idx(nd - 1, 0);
+  float *at = dst;
+  for (int64_t o = 0; o < outer; o++, at += inner) {
+    int64_t off = 0;
+    for (int64_t d = 0; d < nd - 1; d++) off += idx[d] * strides[d];
+    if (step == 1)
+      std::memcpy(at, src + off, inner * sizeof(float));
+    else
+      for (int64_t i = 0; i < inner; i++) at[i] = src[off + i * step];
+    for (int64_t d = nd - 2; d >= 0 && ++idx[d] == sizes[d]; d--) idx[d] = 0;
+  }
+  return dst;
+}
+
 at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
                            const at::Tensor &value, const std::optional<at::Tensor> &lengths,
                            at::OptionalIntArrayRef ends,
@@ -314,15 +341,20 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
   int64_t threads, splits;
   work_split(B, c.nkv, window, &threads, &splits);
   at::Tensor qf = query;
-  if (query.scalar_type() != at::kFloat || !query.is_contiguous())
-    qf = query.to(at::kFloat).contiguous();
+  // a float32 query with gaps between its rows (the query columns of a wider product, which a
+  // grouped q/k/v product gives) is packed into the scratch buffer below: no tensor op
+  const bool pack_q = query.scalar_type() == at::kFloat && !query.is_contiguous();
+  if (query.scalar_type() != at::kFloat) qf = query.to(at::kFloat).contiguous();
   const int64_t G = c.group, D = c.dim, items = rows * splits;
   // one scratch buffer: part_m, part_l [items, G], part_acc [items, G, D], the softmax sums
-  // [rows, G] (not returned); the output [rows, G, D] is the query's shape (S_q = 1)
-  at::Tensor scratch =
-      at::empty({items * G * (D + 2) + rows * G}, query.options().dtype(at::kFloat));
+  // [rows, G] (not returned), then the packed query; the output [rows, G, D] is the query's
+  // shape (S_q = 1)
+  const int64_t sums_end = items * G * (D + 2) + rows * G;
+  at::Tensor scratch = at::empty({sums_end + (pack_q ? query.numel() : 0)},
+                                 query.options().dtype(at::kFloat));
   at::Tensor out = at::empty(query.sizes(), query.options().dtype(at::kFloat));
   float *base = scratch.data_ptr<float>();
+  const float *q = pack_q ? pack_rows(query, base + sums_end) : qf.const_data_ptr<float>();
   const void *tab = nullptr;
   bool i32 = false;
   int64_t tstride = 0;
@@ -332,7 +364,7 @@ at::Tensor ifa_decode_impl(const at::Tensor &query, const at::Tensor &key,
     tstride = block_table->stride(0);
   }
   int64_t err[3] = {0, 0, 0};
-  int rc = g_decode(qf.const_data_ptr<float>(), nullptr, key.const_data_ptr(),
+  int rc = g_decode(q, nullptr, key.const_data_ptr(),
                     value.const_data_ptr(), c.kind, c.sb, c.sh, c.sp, tab, i32 ? 1 : 0, tstride,
                     c.block_size, c.num_blocks, lo.data(), hi.data(), nullptr, 0, int(B),
                     int(c.nkv), int(G), int(D), int(splits), int(threads), base, base + items * G,
