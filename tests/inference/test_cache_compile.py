@@ -1066,3 +1066,38 @@ def test_a_steady_served_loop_takes_the_one_frame_path(tmp_path, monkeypatch):
         x = torch.randn(2, 8)
         assert _equal(cached(x=x), model.step(x))
     assert general == [1]
+
+
+@pytest.mark.parametrize("entry", ["gears", "new floats"])
+def test_served_calls_the_one_frame_path_does_not_finish_are_checked_once(tmp_path, entry):
+    """A gears entry's calls (marks tested in Python) and calls whose number inputs are new
+    objects each time (tensors made again) are served by Runtime.serve itself: one guard check
+    per call, not a second one on the general path."""
+    if entry == "gears":
+        model, cached = _gear_entry(tmp_path)
+        step, args = model.step, lambda i: (torch.randn(4 if i % 2 else 2, 8),)
+    else:
+        model = _Scaled().eval()
+        cached = cache_compile(model.step, cache_dir=tmp_path / "c", config=_config())
+        step, args = model.step, lambda i: (torch.randn(2, 8), 0.5 + i / 64)
+    with torch.no_grad():
+        for i in range(4):
+            cached(*args(i))
+        runtime = cached.runtime
+        checks = []
+        check = runtime._check
+        runtime._check = lambda *a: checks.append(1) or check(*a)
+        for i in range(5):
+            a = args(i)
+            assert _equal(cached(*a), step(*a))
+    assert len(checks) == 5
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.l = torch.nn.Linear(8, 8)
+
+    def step(self, x, alpha: float):
+        return self.l(x) * alpha

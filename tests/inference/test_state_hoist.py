@@ -109,6 +109,8 @@ CHANGES = {
     "parameter data": lambda m: setattr(m.lin.weight, "data", torch.randn(8, 8)),
     "parameter written in place": lambda m: m.norm.weight.data.mul_(3.0),
     "__class__": lambda m: setattr(m.norm, "__class__", _OtherNorm),
+    # the old __dict__'s tag never changes: the watch compares the object's dict itself
+    "__dict__ replaced": lambda m: setattr(m.norm, "__dict__", dict(m.norm.__dict__, eps=0.5)),
 }
 
 
@@ -126,6 +128,54 @@ def test_every_change_to_hoisted_state_reaches_the_result(tmp_path, change):
     assert not torch.equal(before, want), f"{change}: the change does not move the result"
     torch.testing.assert_close(after, want, rtol=0, atol=0)
     _equal_to_eager(cached, model, torch.randn(4, 8))  # and the call after it
+
+
+def test_a_change_between_the_read_and_the_watch_is_not_kept(tmp_path):
+    """Another thread assigning between the check's read of the state and the watch it then
+    takes: the watch's tags already include the change, so the values read before it must not
+    be kept (they would be served until some unrelated change)."""
+    model = Net().eval()
+    cached = _served(tmp_path, model)
+    hoist = _hoist(cached)
+    take = hoist._watch
+
+    def late(*anchors):  # the other thread's assignment lands just before the tags are taken
+        model.norm.eps = 0.5
+        return take(*anchors)
+
+    model.norm.eps = 0.25  # makes the next call read the state again (and take a watch)
+    hoist._watch = late
+    with torch.no_grad():
+        cached(torch.randn(4, 8))  # read eps 0.25; then the assignment; then the watch
+    hoist._watch = take
+    for _ in range(3):
+        _equal_to_eager(cached, model, torch.randn(4, 8))  # eps 0.5 from here on
+
+
+def test_a_module_that_owns_its_cached_call_is_freed(tmp_path):
+    """The watch holds no references the garbage collector cannot see: a module keeping its
+    cache_compile'd method (module -> cached call -> check -> hoist -> watched module) is
+    collected once dropped."""
+    import gc
+    import weakref
+
+    class Owner(Net):
+        def __init__(self):
+            super().__init__()
+            self.cached = cache_compile(self.forward, config=_config(), cache_dir=str(tmp_path))
+
+    with torch.no_grad():
+        Owner().eval().cached(torch.randn(4, 8))  # the cold process's call: saves the entry
+        torch._dynamo.reset()  # (Dynamo keeps what it compiled; a warm process has no Dynamo)
+        model = Owner().eval()
+        for _ in range(4):
+            model.cached(torch.randn(4, 8))
+    assert model.cached.compiled is None, "not served from the entry"
+    assert _hoist(model.cached).current is not None
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None, "the served module was kept alive"
 
 
 def test_a_class_property_added_later_reaches_the_result(tmp_path):
@@ -191,28 +241,43 @@ def test_watched_reads_what_a_tuple_list_or_descriptor_allows():
     steps = [(guard_hoist.ATTR, -1, "eps")]
     hoist = guard_hoist.StateHoist(steps, helper)
     assert hoist._watched(obj, (obj.eps,), ()) is not None
-    assert hoist._watched(obj, (0.5,), ()) is None  # not the value the dict holds
+    assert hoist._still_held(obj, (obj.eps,), ())
+    assert not hoist._still_held(obj, (0.5,), ())  # not the value the dict holds
     item = guard_hoist.StateHoist([(guard_hoist.ITEM, -1, 1)], helper)
-    assert item._watched((1.0, 2.0), (2.0,), ()) == ((), ())  # a tuple never changes
+    assert item._watched((1.0, 2.0), (2.0,), ()) == ((), (), (), ())  # a tuple never changes
     assert item._watched([1.0, 2.0], (2.0,), ()) is None  # a list may
     assert item._watched({1: 2.0}, (2.0,), ()) is not None
     assert hoist._watched(obj, (obj.eps,), ([],)) is None  # a parameter "dict" that is not one
+    params = guard_hoist.StateHoist([], helper, ["weight"])
+    assert params._still_held(None, (obj.weight,), (obj._parameters,))
+    assert not params._still_held(None, (torch.zeros(1),), (obj._parameters,))
 
 
 def test_the_watch_sees_each_kind_of_change():
     helper = unit_call.state_watch()
     d, obj = {"a": 1}, Norm()
-    watch = helper.watch((d, obj.__dict__), (obj,))
-    assert helper.unchanged(watch)
+    kept = []  # a watch holds no references: its caller keeps what it points at
+
+    def watch():
+        anchors = ((d, obj.__dict__), (obj,), ((obj, obj.__dict__),))
+        kept.append(anchors)
+        return helper.watch(*anchors)
+
+    w = watch()
+    assert helper.unchanged(w)
     d["a"] = 1  # the same value stored again: nothing changed
-    assert helper.unchanged(watch)
+    assert helper.unchanged(w)
     d["b"] = 2
-    assert not helper.unchanged(watch)
-    watch = helper.watch((d, obj.__dict__), (obj,))
+    assert not helper.unchanged(w)
+    w = watch()
     del d["b"]
-    assert not helper.unchanged(watch)
-    watch = helper.watch((d, obj.__dict__), (obj,))
+    assert not helper.unchanged(w)
+    w = watch()
     obj.eps = 0.5
-    assert not helper.unchanged(watch)
+    assert not helper.unchanged(w)
+    w = watch()
+    obj.__dict__ = dict(obj.__dict__)  # replaced: its old dict's tag never changes
+    assert not helper.unchanged(w)
+    assert helper.watch((), (), ((obj, {}),)) is None  # not the object's __dict__
     with pytest.raises(TypeError, match="dict"):
-        helper.watch((torch.nn.ParameterDict(),), ())
+        helper.watch((torch.nn.ParameterDict(),), (), ())

@@ -311,18 +311,25 @@ class Runtime:
         why, flat = self._check(frame, globals_)
         if why:
             return why, []
+        why = self._inputs_differ(flat)
+        return (why, []) if why else ("", flat)
+
+    def _inputs_differ(self, flat: list) -> str:
+        """After the guards held: put the number inputs' tensors in ``flat``, then why an input
+        does not fit ("" when every one does): its layout (where the unit does not check it
+        itself) or its gear marks."""
         reused = self.wrap(flat) if self.wrap.keys else True
         # a static unit with its own input check (torchair.runtime.input_layout) checks the
         # inputs' layout itself, once; when that check fails, __call__ asks these checks why
         if not (self.unit_checks or self.unit_checks is None and self._unit_checks_inputs()):
             why = self.checks.mismatch(flat)
             if why:
-                return why, []
+                return why
         served = self.served  # read once: another thread may finish the first call meanwhile
         first_marked = self._first_marked
         if served and reused and first_marked is not None and first_marked(
                 flat, self._unmarked, DIM_GEARS_ATTR) < 0:
-            return "", flat
+            return ""
         for k, (name, expected) in (self.gears.items() if not served else
                                     self.tensor_gear_args if reused else self.gear_args):
             found = getattr(flat[k], DIM_GEARS_ATTR, None)  # (get_dim_gears, inline)
@@ -331,25 +338,19 @@ class Runtime:
             # under torch.compile) but not other marks (torch.compile would trace them again)
             if found != expected and not (served and found is None):
                 return (f"graph input `{name}` has gears {found}, the entry was built for "
-                        f"gears {expected}"), []
-        return "", flat
+                        f"gears {expected}")
+        return ""
 
     def serve(self, frame: dict, globals_: Any) -> Any:
-        """The serving loop's call in one frame: :meth:`check` and :meth:`__call__` for the
-        common case (a call after the first, whose number inputs reuse their tensors, whose
-        arguments carry no gear marks, of a unit that returns one of its outputs as it is). :data:`MISS` without running the unit when the call is anything
-        else (the caller then takes the general path, which checks it again and says why)."""
+        """The serving loop's call in one frame: :meth:`check` and :meth:`__call__` for a call
+        after the first whose unit returns one of its outputs as it is. :data:`MISS` without
+        running the unit for any other call, and for a call the checks refuse (the caller then
+        takes the general path, which checks it again and says why)."""
         plain = self.plain_output
         if plain is None or self.first_call_context is not None or not self.served:
             return MISS
         why, flat = self._check(frame, globals_)
-        if why or (self.wrap.keys and not self.wrap(flat)):
-            return MISS
-        if not (self.unit_checks or self.unit_checks is None and self._unit_checks_inputs()):
-            if self.checks.mismatch(flat):  # a unit that does not check its inputs itself
-                return MISS
-        first_marked = self._first_marked
-        if first_marked is None or first_marked(flat, self._unmarked, DIM_GEARS_ATTR) >= 0:
+        if why or self._inputs_differ(flat):
             return MISS
         try:
             outputs = self.unit(flat)

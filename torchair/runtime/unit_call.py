@@ -52,8 +52,8 @@ def module() -> ModuleType | None:
 
 @functools.lru_cache(maxsize=None)
 def state_watch() -> ModuleType | None:
-    """``csrc/state_watch.c``'s module (``watch(dicts, objects)``, ``unchanged(watch)``: whether
-    dicts and objects are as recorded, from CPython's dict and type version tags;
+    """``csrc/state_watch.c``'s module (``watch(dicts, objects, owners)``, ``unchanged(watch)``:
+    whether dicts, objects and their ``__dict__`` are as recorded, from CPython's dict and type version tags;
     ``first_with(values, indices, name)``: the first value with a non-None attribute), built on
     first use; None without a compiler, with ``TORCHAIR_NATIVE_KERNELS=0``, or when this Python's tags
     do not change as the probe changes dicts and objects (then module state is read per call)."""
@@ -104,9 +104,13 @@ def _tags_unrecognized(mod: ModuleType) -> str:
     obj = _Probe()
     obj.a = 1
 
+    kept: list = []  # the watches hold no references: what they point at is kept here
+
     def taken() -> Any:
-        return mod.watch((obj.__dict__, module.__dict__, module._parameters, module._modules),
-                         (obj, module))
+        anchors = ((obj.__dict__, module.__dict__, module._parameters, module._modules),
+                   (obj, module), ((obj, obj.__dict__), (module, module.__dict__)))
+        kept.append(anchors)
+        return mod.watch(*anchors)
 
     first = taken()
     if first is None:
@@ -123,6 +127,7 @@ def _tags_unrecognized(mod: ModuleType) -> str:
                "a submodule stored in _modules": lambda: module._modules.__setitem__(
                    "m", torch.nn.Module()),
                "a class attribute set": lambda: setattr(_Probe, "k", object()),
+               "__dict__ replaced": lambda: setattr(module, "__dict__", dict(module.__dict__)),
                "__class__ assigned": lambda: setattr(obj, "__class__", _OtherProbe)}
     for what, change in changes.items():
         watch = taken()

@@ -332,14 +332,16 @@ def _hoisted(gs: PerCallChecks, w: _Writer, steps: list[int]) -> tuple | None:
             root_step = k
             continue
         kind, what = w.kind(k)
-        if kind not in (ATTR, ITEM) or not (parent == (root_step or -1) + 2 or parent in position):
+        from_root = root_step is not None and parent == root_step + 2
+        if kind not in (ATTR, ITEM) or not (from_root or parent in position):
             continue
         position[slot] = len(plan)
         plan.append((kind, position.get(parent, -1), what))
         hoisted.append(k)
     if not hoisted and not gs.per_call[2]:
         return None
-    return StateHoist(plan, helper), root_step, hoisted
+    keys = [key for _, _, key in gs.per_call[2]]
+    return StateHoist(plan, helper, keys), root_step, hoisted
 
 
 def _hoist_block(w: _Writer, gs: PerCallChecks, steps: list[int], hoisted: tuple,
@@ -371,7 +373,7 @@ def _hoist_block(w: _Writer, gs: PerCallChecks, steps: list[int], hoisted: tuple
     read = [w.step(k) for k in hoisted_steps] + _dict_reads(w, gs, dict_inputs)
     read += [f"{name} = p{parent}[{w.bind(key, 'k')}]"
              for (_, name), (_, parent, key) in zip(params, dict_inputs)]
-    pdicts = "(" + "".join(f"p{p}, " for p in dict.fromkeys(p for _, p, _ in dict_inputs)) + ")"
+    pdicts = "(" + "".join(f"p{p}, " for _, p, _ in dict_inputs) + ")"  # one per parameter
     lines = [w.step(k) for k in before]
     lines += [f"h = {h}.current",
               f"if h is not None and {rv} is h[0] and {g}.tensor_dicts is h[1] and "

@@ -48,15 +48,20 @@ def available() -> Any:
     return state_watch()
 
 
-def _data_descriptor(tp: type, name: str) -> bool:
-    """Whether ``name`` on instances of ``tp`` goes through a data descriptor of the type (which
-    takes precedence over the instance dict)."""
+def _class_attribute(tp: type, name: str) -> Any:
+    """What ``name`` is on the type (the first class of its MRO that has it), else _NOTHING."""
     for klass in tp.__mro__:
         found = klass.__dict__.get(name, _NOTHING)
         if found is not _NOTHING:
-            kind = type(found)
-            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
-    return False
+            return found
+    return _NOTHING
+
+
+def _data_descriptor(tp: type, name: str) -> bool:
+    """Whether ``name`` on instances of ``tp`` goes through a data descriptor of the type (which
+    takes precedence over the instance dict)."""
+    kind = type(_class_attribute(tp, name))
+    return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
 
 
 _NOTHING = object()
@@ -67,16 +72,18 @@ class StateHoist:
 
     ``steps``: per hoisted value, ``(kind, parent, name)``: ``parent`` the index of the value it
     is read from (-1: the root module), ``name`` the attribute name (:data:`ATTR`) or the key
-    (:data:`ITEM`); the parameter values follow them in a record's ``values``. ``keep``: the
-    indices of the values a call uses (set by the generator). The generated check reads
-    :attr:`current`, ``(root, tensor dicts, watch, the kept values)``, and calls :meth:`record`
-    after each full read."""
+    (:data:`ITEM`); the parameter values follow them in a record's ``values``, each read from its
+    dict with the key of ``param_keys``. ``keep``: the indices of the values a call uses (set by
+    the generator). The generated check reads :attr:`current`, ``(root, tensor dicts, watch, the
+    kept values, what the watch points at)``, and calls :meth:`record` after each full read."""
 
-    __slots__ = ("steps", "keep", "current", "unchanged", "_watch", "hits", "_fruitless", "enabled",
-                 "records", "_lock")
+    __slots__ = ("steps", "param_keys", "keep", "current", "unchanged", "_watch", "hits",
+                 "_fruitless", "enabled", "records", "_lock")
 
-    def __init__(self, steps: Sequence[tuple[str, int, Any]], helper: Any) -> None:
+    def __init__(self, steps: Sequence[tuple[str, int, Any]], helper: Any,
+                 param_keys: Sequence[Any] = ()) -> None:
         self.steps = tuple(steps)
+        self.param_keys = tuple(param_keys)
         self.keep: tuple[int, ...] = ()
         self.current: tuple | None = None
         self.unchanged = helper.unchanged
@@ -93,14 +100,18 @@ class StateHoist:
 
     def record(self, root: Any, tensor_dicts: Any, values: tuple, param_dicts: tuple) -> None:
         """After a full read: keep ``values`` with a watch of what they were read through
-        (``root``: the module the chains start at, ``param_dicts``: the parameter and buffer dicts
-        the parameter values were read from). Never raises: a read it cannot watch stays a read."""
+        (``root``: the module the chains start at; ``param_dicts``: per parameter value, the dict
+        it was read from). The tags are taken first and the values compared with what the dicts
+        hold after, so a change another thread makes meanwhile is either in the values or changes
+        the tags. Never raises: a read it cannot watch stays a read."""
         if not self.enabled:
             return
         with self._lock:
+            watch = anchors = None
             try:
-                watched = self._watched(root, values, param_dicts)
-                watch = self._watch(*watched) if watched is not None else None
+                anchors = self._watched(root, values, param_dicts)
+                watch = self._watch(*anchors[:3]) if anchors is not None else None
+                held = watch is not None and self._still_held(root, values, param_dicts)
             except Exception as error:  # noqa: BLE001 - a read it cannot watch stays a read
                 logger.debug("cache_compile: module state is read per call (%s: %s)",
                              type(error).__name__, error)
@@ -108,32 +119,38 @@ class StateHoist:
             self._fruitless = self._fruitless + 1 if self.hits < _MIN_SERVED else 0
             self.hits = 0
             self.records += 1
-            if watch is None or self._fruitless >= _MAX_FRUITLESS:
-                self.enabled = watch is not None and self._fruitless < _MAX_FRUITLESS
+            if watch is None or not held or self._fruitless >= _MAX_FRUITLESS:
                 self.current = None
-                logger.debug("cache_compile: module state is read on every call (%s)",
-                             "it changed at every call" if watch is not None else
-                             "a read it cannot watch")
+                if watch is None or self._fruitless >= _MAX_FRUITLESS:
+                    self.enabled = False
+                    logger.debug("cache_compile: module state is read on every call (%s)",
+                                 "a read it cannot watch" if watch is None else
+                                 "it changed at every call")
                 return
-            self.current = (root, tensor_dicts, watch, tuple(values[i] for i in self.keep))
+            # the watch holds no references: the tuple keeps what it points at alive (and is
+            # visible to the garbage collector, unlike a capsule's references)
+            self.current = (root, tensor_dicts, watch, tuple(values[i] for i in self.keep),
+                            anchors)
 
     def _watched(self, root: Any, values: tuple, param_dicts: tuple) -> tuple | None:
-        """(dicts, objects) the values were read through, or None when one step cannot be
-        watched."""
+        """(dicts, objects, (object, its __dict__) pairs, types) the values were read through,
+        or None when one step cannot be watched."""
         dicts: dict[int, Any] = {}
         objects: dict[int, Any] = {}
-        for (kind, parent, name), value in zip(self.steps, values):
+        owners: dict[int, tuple] = {}
+        for kind, parent, name in self.steps:
             obj = root if parent < 0 else values[parent]
             if kind == ATTR:
                 tp = type(obj)
-                if tp.__getattribute__ is not object.__getattribute__:
-                    return None
                 own = getattr(obj, "__dict__", None)
-                if (type(own) is not dict or own.get(name, _NOTHING) is not value
-                        or _data_descriptor(tp, name)):
+                if tp.__getattribute__ is not object.__getattribute__ or type(own) is not dict:
                     return None
                 dicts[id(own)] = own
                 objects[id(obj)] = obj
+                owners[id(obj)] = (obj, own)
+                found = _class_attribute(tp, name)
+                if found is not _NOTHING:  # its type's tag: a descriptor class made a data one
+                    objects[id(found)] = found
             elif type(obj) is dict:
                 dicts[id(obj)] = obj
             elif type(obj) is not tuple:  # a tuple's items never change; a list's may
@@ -142,4 +159,21 @@ class StateHoist:
             if type(d) is not dict:
                 return None
             dicts[id(d)] = d
-        return tuple(dicts.values()), tuple(objects.values())
+        kept = tuple(objects.values())
+        return (tuple(dicts.values()), kept, tuple(owners.values()),
+                tuple(type(o) for o in kept))
+
+    def _still_held(self, root: Any, values: tuple, param_dicts: tuple) -> bool:
+        """Whether every value is what its dict (or tuple) holds now, each attribute read from
+        the instance dict (no data descriptor of its name on the type)."""
+        for (kind, parent, name), value in zip(self.steps, values):
+            obj = root if parent < 0 else values[parent]
+            if kind == ATTR:
+                if (_data_descriptor(type(obj), name)
+                        or obj.__dict__.get(name, _NOTHING) is not value):
+                    return False
+            elif type(obj) is dict and obj.get(name, _NOTHING) is not value:
+                return False
+        params = values[len(self.steps):]
+        return all(d.get(key, _NOTHING) is value
+                   for d, key, value in zip(param_dicts, self.param_keys, params))

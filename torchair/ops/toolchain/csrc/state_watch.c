@@ -11,10 +11,14 @@
  *
  * A Python extension module (torchair_state_watch), loaded by torchair/runtime/unit_call.py after
  * a probe of this Python's tags:
- *   watch(dicts, objects) -> capsule, or None where this Python keeps no dict tags or an object's
- *     type has no valid tag: the tag of each dict (exact dicts only) and the type and type tag of
- *     each object, holding a reference to each;
- *   unchanged(watch) -> whether every dict has its tag and every object its type and type tag;
+ *   watch(dicts, objects, owners) -> capsule, or None where this Python keeps no dict tags or an
+ *     object's type has no valid tag: the tag of each dict (exact dicts only), the type and type
+ *     tag of each object, and for each (object, dict) pair of owners that the object's __dict__
+ *     is that dict. The capsule holds no references: the caller keeps every dict, object and
+ *     type alive while it keeps the capsule (in a tuple the garbage collector can traverse, so a
+ *     module that owns its cached call can still be freed);
+ *   unchanged(watch) -> whether every dict has its tag, every object its type and type tag and
+ *     every owner its dict;
  *   first_with(values, indices, name) -> the first index i of indices whose values[i] has an
  *     attribute `name` that is not None (as getattr(values[i], name, None)), else -1: a served
  *     call's check that no argument tensor carries set_dim_gears marks, in one loop.
@@ -38,27 +42,26 @@ static uint64_t dict_tag(PyObject *d) { return ((PyDictObject *)d)->ma_version_t
 #endif
 
 typedef struct {
-    Py_ssize_t ndicts, nobjects;
-    PyObject **dicts;        /* [ndicts], each referenced */
+    Py_ssize_t ndicts, nobjects, nowners;
+    PyObject **dicts;        /* [ndicts], borrowed (the caller keeps them) */
     uint64_t *tags;          /* [ndicts] */
-    PyObject **objects;      /* [nobjects], each referenced */
-    PyTypeObject **types;    /* [nobjects], each referenced */
+    PyObject **objects;      /* [nobjects], borrowed */
+    PyTypeObject **types;    /* [nobjects], borrowed */
     unsigned int *type_tags; /* [nobjects] */
+    PyObject **owners;       /* [nowners], borrowed */
+    PyObject **owned;        /* [nowners]: each owner's __dict__, borrowed */
 } watch_t;
 
 static const char *WATCH = "torchair_state_watch.watch";
 
 static void release(watch_t *w) {
-    for (Py_ssize_t i = 0; i < w->ndicts; i++) Py_XDECREF(w->dicts[i]);
-    for (Py_ssize_t i = 0; i < w->nobjects; i++) {
-        Py_XDECREF(w->objects[i]);
-        Py_XDECREF((PyObject *)w->types[i]);
-    }
     free(w->dicts);
     free(w->tags);
     free(w->objects);
     free(w->types);
     free(w->type_tags);
+    free(w->owners);
+    free(w->owned);
     free(w);
 }
 
@@ -67,18 +70,35 @@ static void free_watch(PyObject *capsule) {
     if (w != NULL) release(w);
 }
 
+/* the object's instance dict now (NULL: none) */
+static PyObject *own_dict(PyObject *obj) {
+    PyObject **slot = _PyObject_GetDictPtr(obj);
+    return slot != NULL ? *slot : NULL;
+}
+
 static PyObject *watch(PyObject *self, PyObject *args) {
-    PyObject *dicts, *objects;
+    PyObject *dicts, *objects, *owners;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &dicts, &PyTuple_Type, &objects))
+    if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &dicts, &PyTuple_Type, &objects,
+                          &PyTuple_Type, &owners))
         return NULL;
 #ifdef TORCHAIR_DICT_TAGS
     Py_ssize_t nd = PyTuple_GET_SIZE(dicts), no = PyTuple_GET_SIZE(objects);
+    Py_ssize_t nw = PyTuple_GET_SIZE(owners);
     for (Py_ssize_t i = 0; i < nd; i++) {
         if (!PyDict_CheckExact(PyTuple_GET_ITEM(dicts, i))) {
             PyErr_SetString(PyExc_TypeError, "watch: every dict must be a dict (not a subclass)");
             return NULL;
         }
+    }
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(owners, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "watch: owners must be (object, dict) pairs");
+            return NULL;
+        }
+        if (own_dict(PyTuple_GET_ITEM(pair, 0)) != PyTuple_GET_ITEM(pair, 1))
+            Py_RETURN_NONE; /* not the object's __dict__: nothing to compare with */
     }
     for (Py_ssize_t i = 0; i < no; i++)
         if (Py_TYPE(PyTuple_GET_ITEM(objects, i))->tp_version_tag == 0)
@@ -90,26 +110,26 @@ static PyObject *watch(PyObject *self, PyObject *args) {
     w->objects = (PyObject **)calloc(no + 1, sizeof(PyObject *));
     w->types = (PyTypeObject **)calloc(no + 1, sizeof(PyTypeObject *));
     w->type_tags = (unsigned int *)calloc(no + 1, sizeof(unsigned int));
-    if (!w->dicts || !w->tags || !w->objects || !w->types || !w->type_tags) {
+    w->owners = (PyObject **)calloc(nw + 1, sizeof(PyObject *));
+    w->owned = (PyObject **)calloc(nw + 1, sizeof(PyObject *));
+    if (!w->dicts || !w->tags || !w->objects || !w->types || !w->type_tags || !w->owners ||
+        !w->owned) {
         release(w);
         return PyErr_NoMemory();
     }
+    w->ndicts = nd, w->nobjects = no, w->nowners = nw;
     for (Py_ssize_t i = 0; i < nd; i++) {
-        PyObject *d = PyTuple_GET_ITEM(dicts, i);
-        Py_INCREF(d);
-        w->dicts[i] = d;
-        w->tags[i] = dict_tag(d);
-        w->ndicts = i + 1;
+        w->dicts[i] = PyTuple_GET_ITEM(dicts, i);
+        w->tags[i] = dict_tag(w->dicts[i]);
     }
     for (Py_ssize_t i = 0; i < no; i++) {
-        PyObject *o = PyTuple_GET_ITEM(objects, i);
-        PyTypeObject *type = Py_TYPE(o);
-        Py_INCREF(o);
-        Py_INCREF((PyObject *)type);
-        w->objects[i] = o;
-        w->types[i] = type;
-        w->type_tags[i] = type->tp_version_tag;
-        w->nobjects = i + 1;
+        w->objects[i] = PyTuple_GET_ITEM(objects, i);
+        w->types[i] = Py_TYPE(w->objects[i]);
+        w->type_tags[i] = w->types[i]->tp_version_tag;
+    }
+    for (Py_ssize_t i = 0; i < nw; i++) {
+        w->owners[i] = PyTuple_GET_ITEM(PyTuple_GET_ITEM(owners, i), 0);
+        w->owned[i] = PyTuple_GET_ITEM(PyTuple_GET_ITEM(owners, i), 1);
     }
     PyObject *capsule = PyCapsule_New(w, WATCH, free_watch);
     if (capsule == NULL) release(w);
@@ -117,6 +137,7 @@ static PyObject *watch(PyObject *self, PyObject *args) {
 #else
     (void)dicts;
     (void)objects;
+    (void)owners;
     Py_RETURN_NONE;
 #endif
 }
@@ -134,6 +155,7 @@ static PyObject *unchanged(PyObject *self, PyObject *capsule) {
         PyTypeObject *type = Py_TYPE(w->objects[i]);
         same &= type == w->types[i] && type->tp_version_tag == w->type_tags[i];
     }
+    for (Py_ssize_t i = 0; i < w->nowners && same; i++) same &= own_dict(w->owners[i]) == w->owned[i];
     return PyBool_FromLong(same);
 #else
     Py_RETURN_FALSE;
@@ -152,12 +174,14 @@ static PyObject *first_with(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_IndexError, "first_with: index out of range");
             return NULL;
         }
-        PyObject *found = NULL;
+        PyObject *found = NULL, *value = PyList_GET_ITEM(values, i);
+        Py_INCREF(value); /* a lookup may run __getattr__, which may change the list */
 #if PY_VERSION_HEX >= 0x030D0000
-        int rc = PyObject_GetOptionalAttr(PyList_GET_ITEM(values, i), name, &found);
+        int rc = PyObject_GetOptionalAttr(value, name, &found);
 #else
-        int rc = _PyObject_LookupAttr(PyList_GET_ITEM(values, i), name, &found);
+        int rc = _PyObject_LookupAttr(value, name, &found);
 #endif
+        Py_DECREF(value);
         if (rc < 0) return NULL;
         int marked = found != NULL && found != Py_None;
         Py_XDECREF(found);
