@@ -195,6 +195,30 @@ def test_a_class_property_added_later_reaches_the_result(tmp_path):
     torch.testing.assert_close(after, want, rtol=0, atol=0)
 
 
+class _Setting:
+    """A class attribute's type, changed after it is defined (its version tag is then reset)."""
+
+
+def test_a_shadowed_class_attribute_of_a_changed_type_keeps_the_hoist(tmp_path):
+    class Shadowed(Net):
+        scale = _Setting()  # shadowed by the instance's own float
+
+        def __init__(self):
+            super().__init__()
+            self.scale = 2.0
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+
+    _Setting.changed = True
+    model = Shadowed().eval()
+    cached = _served(tmp_path, model)
+    hoist = _hoist(cached)
+    assert hoist.enabled and hoist.current is not None
+    model.scale = 3.0
+    _equal_to_eager(cached, model, torch.randn(4, 8))
+
+
 def test_state_that_changes_every_call_stops_the_hoist(tmp_path):
     model = Net().eval()
     cached = _served(tmp_path, model)

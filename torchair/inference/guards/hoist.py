@@ -143,7 +143,9 @@ class StateHoist:
             if kind == ATTR:
                 tp = type(obj)
                 own = getattr(obj, "__dict__", None)
-                if tp.__getattribute__ is not object.__getattribute__ or type(own) is not dict:
+                # (the descriptor test also gives its type a version tag, read by the watch)
+                if (tp.__getattribute__ is not object.__getattribute__ or type(own) is not dict
+                        or _data_descriptor(tp, name)):
                     return None
                 dicts[id(own)] = own
                 objects[id(obj)] = obj
@@ -169,7 +171,9 @@ class StateHoist:
         for (kind, parent, name), value in zip(self.steps, values):
             obj = root if parent < 0 else values[parent]
             if kind == ATTR:
-                if (_data_descriptor(type(obj), name)
+                tp = type(obj)
+                if (tp.__getattribute__ is not object.__getattribute__
+                        or _data_descriptor(tp, name)
                         or obj.__dict__.get(name, _NOTHING) is not value):
                     return False
             elif type(obj) is dict and obj.get(name, _NOTHING) is not value:
