@@ -6,7 +6,9 @@ that is PyTorch's ``TensorGuards`` comparison and PyTorch's handle conversion, a
 per input, some 9 us per call for 50 weights and inputs; the entry's own C++ then runs. The
 extension module built here does the check, makes the handles and calls the entry's C++
 function (``inductor_entry_impl``, found with ``dlsym`` in the module Inductor already loaded)
-in one loop, returning the output handles for PyTorch's own conversion to tensors.
+in one loop, returning the output handles for PyTorch's own conversion to tensors. A second,
+smaller extension (:func:`state_watch`, ``csrc/state_watch.c``) tells whether module state a
+served call reads has changed, from CPython's dict and type version tags.
 
 It reads a Python tensor object as PyTorch lays it out (header, then the tensor);
 :func:`module` loads it only after that reading matched handles PyTorch itself made and the
@@ -52,11 +54,12 @@ def module() -> ModuleType | None:
 
 @functools.lru_cache(maxsize=None)
 def state_watch() -> ModuleType | None:
-    """``csrc/state_watch.c``'s module (``watch(dicts, objects, owners)``, ``unchanged(watch)``:
-    whether dicts, objects and their ``__dict__`` are as recorded, from CPython's dict and type version tags;
-    ``first_with(values, indices, name)``: the first value with a non-None attribute), built on
-    first use; None without a compiler, with ``TORCHAIR_NATIVE_KERNELS=0``, or when this Python's tags
-    do not change as the probe changes dicts and objects (then module state is read per call)."""
+    """``csrc/state_watch.c``'s module, built on first use: ``watch(dicts, objects, owners)`` and
+    ``unchanged(watch)`` (whether dicts, objects and their ``__dict__`` are as recorded, from
+    CPython's dict and type version tags), ``first_with(values, indices, name)`` (the first value
+    with a non-None attribute). None without a compiler, with ``TORCHAIR_NATIVE_KERNELS=0``, or
+    when this Python's tags do not change as the probe changes dicts and objects (then module
+    state is read on every call)."""
     mod = _extension("state_watch", "torchair_state_watch", "module state is read on every call")
     if mod is None:
         return None

@@ -381,11 +381,8 @@ def _hoist_block(w: _Writer, gs: PerCallChecks, steps: list[int], hoisted: tuple
               f"    {kept} = h[3]",
               f"    {h}.hits += 1",
               "else:"]
-    if dict_inputs:
-        lines += ["    " + line for line in read] + [
-            f"    {h}.record({rv}, d, {unpack}, {pdicts})"]
-    else:
-        lines += ["    " + line for line in read] + [
-            f"    {h}.record({rv}, None, {unpack}, ())"]
+    tensor_dicts = "d" if dict_inputs else w.bind(None)  # (d: read by _dict_reads' lines)
+    lines += ["    " + line for line in read]
+    lines += [f"    {h}.record({rv}, {tensor_dicts}, {unpack}, {pdicts})"]
     lines += [w.step(k) for k in after]
     return lines, dict(params)

@@ -81,8 +81,7 @@ class GuardSet:
     TENSOR_MATCH guards; ``untensored``, the per-call guards the memo does not imply;
     ``tensor_dicts``, graph input -> its module dict as of the last full check; ``module_root``,
     the source of the module whose state the per-call check may hoist (``L['self']``; None:
-    none); and ``program``, the
-    generated per-call check (None: the general form runs)."""
+    none); and ``program``, the generated per-call check (None: the general form runs)."""
 
     def __init__(self, records: Sequence[dict], input_sources: Sequence[str] = ()) -> None:
         self.sources = Sources()

@@ -278,14 +278,14 @@ const float *pack_rows(const at::Tensor &t, float *dst) {
   const int64_t inner = sizes[nd - 1], step = strides[nd - 1];
   const int64_t outer = inner ? t.numel() / inner : 0;
   std::vector<int64_t> idx(nd - 1, 0);
-  float *at = dst;
-  for (int64_t o = 0; o < outer; o++, at += inner) {
+  float *row = dst;
+  for (int64_t o = 0; o < outer; o++, row += inner) {
     int64_t off = 0;
     for (int64_t d = 0; d < nd - 1; d++) off += idx[d] * strides[d];
     if (step == 1)
-      std::memcpy(at, src + off, inner * sizeof(float));
+      std::memcpy(row, src + off, inner * sizeof(float));
     else
-      for (int64_t i = 0; i < inner; i++) at[i] = src[off + i * step];
+      for (int64_t i = 0; i < inner; i++) row[i] = src[off + i * step];
     for (int64_t d = nd - 2; d >= 0 && ++idx[d] == sizes[d]; d--) idx[d] = 0;
   }
   return dst;
