@@ -222,6 +222,7 @@ def test_an_uncovered_guard_keeps_the_general_check():
                                       "obj": None})()]
         memo = type("M", (), {"slots": ()})()
         inputs: list = []
+        module_root = None
         process = ProcessState()
 
     Fake.sources = Sources()

@@ -57,7 +57,8 @@ class PerCallChecks(Protocol):
     ``untensored``, the per-call guards it does not imply (each with ``code``, ``type_of``,
     ``obj`` and, when known, ``read``: the source slots it reads); ``tensor_dicts``, read by
     the generated function on every call (graph input -> its module's parameter or buffer dict,
-    replaced by each full check)."""
+    replaced by each full check); ``module_root``, the source of the module whose state may be
+    hoisted (:mod:`.hoist`; None: none)."""
 
     sources: Sources
     inputs: list[int]
@@ -66,6 +67,7 @@ class PerCallChecks(Protocol):
     memo: TensorMemo | None
     untensored: Sequence[Any]
     tensor_dicts: dict[int, Any]
+    module_root: str | None
 
 
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -318,7 +320,7 @@ def _hoisted(gs: PerCallChecks, w: _Writer, steps: list[int]) -> tuple | None:
     """(the :class:`~.hoist.StateHoist`, the root step or None, the hoisted steps) of a check
     whose module state can be hoisted (:mod:`.hoist`), else None: the steps from the module root
     that are attribute or item reads of the root or of another such step."""
-    root = getattr(gs, "module_root", None)
+    root = gs.module_root
     helper = available() if root is not None else None
     if helper is None:
         return None

@@ -94,10 +94,6 @@ class StateHoist:
         self.records = 0  # watches taken (a test reads it: one for a steady serving loop)
         self._lock = threading.Lock()
 
-    def clear(self) -> None:
-        """Forget the hoisted values (the next call reads the state again)."""
-        self.current = None
-
     def record(self, root: Any, tensor_dicts: Any, values: tuple, param_dicts: tuple) -> None:
         """After a full read: keep ``values`` with a watch of what they were read through
         (``root``: the module the chains start at; ``param_dicts``: per parameter value, the dict
