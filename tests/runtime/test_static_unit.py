@@ -537,3 +537,136 @@ def test_emulated_replay_rejects_host_reads():
     torch.testing.assert_close(first[0], torch.full((3,), 3.0))
     with pytest.raises(RuntimeError, match="CUDA graph capture"):
         replay()
+
+
+# ------------------------------------------------------------------------ adopted inputs
+
+def _spy_staging(monkeypatch):
+    """Counts of the input copies and of the captures (with their adopt flag) of the units."""
+    seen = {"copies": 0, "captures": []}
+    copy_in, capture_one = InputStager._copy_in, units.StaticUnit._capture_one
+
+    def counting_copy(self, i, arg):
+        seen["copies"] += 1
+        return copy_in(self, i, arg)
+
+    def counting_capture(self, engine, call_args, pool, adopt):
+        seen["captures"].append(adopt is None)
+        return capture_one(self, engine, call_args, pool, adopt)
+
+    monkeypatch.setattr(InputStager, "_copy_in", counting_copy)
+    monkeypatch.setattr(units.StaticUnit, "_capture_one", counting_capture)
+    return seen
+
+
+def test_inputs_kept_in_the_same_buffers_are_never_copied(monkeypatch):
+    """A serving loop that writes each step's inputs into the same buffers: the capture reads
+    them there (adopted), so no call copies an input, and every result equals eager's."""
+    seen = _spy_staging(monkeypatch)
+    model, twin = _models()
+    compiled, counter = _compile(model)
+    kc, vc = _caches()
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    x_buf, p_buf = torch.zeros(B, 1, H), torch.zeros(1, dtype=torch.int64)
+    g = torch.Generator().manual_seed(7)
+    with capture_mode("emulate"), torch.no_grad():
+        for step, (lens, pos) in enumerate(_steps(12)):
+            x_buf.copy_(torch.randn(B, 1, H, generator=g))
+            p_buf.fill_(pos)
+            _mark(x_buf, p_buf, kc, vc)
+            out = compiled(x_buf, p_buf, lens, kc, vc)
+            ref = twin(x_buf, p_buf, lens, ref_kc, ref_vc)
+            torch.testing.assert_close(out, ref, msg=lambda m: f"step {step}: {m}")
+            torch.testing.assert_close(kc, ref_kc, rtol=0, atol=1e-6)
+    assert counter.frame_count == 1
+    assert seen == {"copies": 0, "captures": [True]}, seen
+
+
+def test_inputs_in_new_buffers_are_copied_and_the_first_callers_tensor_is_never_written(
+        monkeypatch):
+    """A fresh ``x`` every step (``pos`` stays in its buffer): the second call captures once more
+    with a buffer of its own for ``x`` (``pos`` still adopted) and later calls copy ``x`` alone
+    into it; the tensors the first capture adopted are never written. Back in the adopted
+    buffers, a call copies nothing again."""
+    seen = _spy_staging(monkeypatch)
+    model, twin = _models()
+    compiled, _ = _compile(model)
+    kc, vc = _caches()
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    first_x, first_p = torch.randn(B, 1, H), torch.tensor([3])
+    kept_x, kept_p = first_x.clone(), first_p.clone()
+    with capture_mode("emulate"), torch.no_grad():
+        steps = _steps(10)
+        for step, (lens, _) in enumerate(steps):
+            p = first_p
+            if step in (0, 6):  # the adopted buffers again at step 6, with their own values
+                x = first_x
+            else:
+                x = torch.randn(B, 1, H)
+            _mark(x, p, kc, vc)
+            copies = seen["copies"]
+            out = compiled(x, p, lens, kc, vc)
+            ref = twin(x, p, lens, ref_kc, ref_vc)
+            torch.testing.assert_close(out, ref, msg=lambda m: f"step {step}: {m}")
+            torch.testing.assert_close(kc, ref_kc, rtol=0, atol=1e-6)
+            assert torch.equal(first_x, kept_x) and torch.equal(first_p, kept_p), step
+            if step >= 2:  # x copied into its owned buffer, or nothing in the adopted ones
+                assert seen["copies"] - copies == (0 if step == 6 else 1), step
+    assert seen["captures"] == [True, False], seen
+
+
+def test_an_input_viewing_a_cache_written_in_place_is_not_adopted():
+    stager = InputStager([torch.zeros(4, 8), torch.zeros(4, 8)[:, :1]], borrowed=set(),
+                         mutated={0}, names=["cache", "x"], adopt={1})
+    assert stager.adopted == [1]
+    cache = torch.zeros(4, 8)
+    view = cache[:, 2:3]
+    stager = InputStager([cache, view], borrowed=set(), mutated={0}, names=["cache", "x"],
+                         adopt={1})
+    assert stager.adopted == [] and stager.static[1] is not view
+    other = torch.zeros(4, 1)
+    stager = InputStager([cache, other], borrowed=set(), mutated={0}, names=["cache", "x"],
+                         adopt={1})
+    assert stager.adopted == [1] and stager.static[1] is other
+    assert stager.adopted_match([cache, other]) and not stager.adopted_match([cache, other + 0])
+    with pytest.raises(RuntimeError, match="input 1 .`x`. is not at its adopted buffer"):
+        stager.stage([cache, other.clone()])
+
+
+def test_cached_step_adopts_persistent_inputs_under_the_emulation(tmp_path):
+    """cache_compile + path 4 + captured replay + adopted inputs together: the CUDA test's
+    check (tests/runtime/test_cuda_graph.py) on CPU through the emulation."""
+    from tests.runtime.test_cuda_graph import check_adopted_inputs
+
+    with capture_mode("emulate"):
+        check_adopted_inputs(torch.device("cpu"), str(tmp_path), run_eagerly=True)
+    assert "emulation" in torchair.graph_reports()[-1].launch
+
+
+def test_device_scalars_copy_only_a_new_or_written_number():
+    """The 0-d CPU inputs of a device unit (a norm's eps) are copied into their device tensors
+    only when the call passes another tensor or one written since (here "device" is the CPU:
+    the logic, not the transfer)."""
+    from torchair.runtime.staging import DeviceScalars
+
+    eps, other = torch.tensor(1e-6, dtype=torch.float64), torch.tensor(3, dtype=torch.int64)
+    args = [torch.zeros(2), eps, other]
+    scalars = DeviceScalars(args, [1, 2], torch.device("cpu"))
+    assert DeviceScalars.positions_of(args, torch.device("cpu")) == []
+    staged = list(args)
+    scalars.stage(staged)
+    assert staged[0] is args[0] and staged[1] is scalars.tensors[0] and scalars.copies == 2
+    assert staged[1].item() == 1e-6 and staged[2].item() == 3
+    for _ in range(3):  # the same tensors: nothing copied
+        staged = list(args)
+        scalars.stage(staged)
+    assert scalars.copies == 2
+    eps.fill_(2e-6)  # written in place: copied again
+    staged = list(args)
+    scalars.stage(staged)
+    assert scalars.copies == 3 and staged[1].item() == 2e-6
+    staged = [args[0], torch.tensor(5e-6, dtype=torch.float64), other]  # another tensor
+    scalars.stage(staged)
+    assert scalars.copies == 4 and staged[1].item() == 5e-6 and staged[2].item() == 3
+    with pytest.raises(RuntimeError, match="input 1 was a 0-d tensor"):
+        scalars.stage([args[0], torch.zeros(2), other])

@@ -96,3 +96,83 @@ def test_bound_calls_leave_no_python_check(monkeypatch):
             compiled(q, k, v, [3, 3, 3], kv, table)
     assert torchair.graph_reports()[-1].launch_kernels == 1
     assert seen[0] == 1 and seen[-1] == 0, seen  # the call's check until bound, then none
+
+
+@pytest.mark.parametrize("op", ["ifa", "fia", "v2"])
+def test_a_captured_unit_checks_sunk_lengths_on_the_host_with_eagers_text(op, monkeypatch):
+    """A unit that captures its launch (here the CPU emulation of a CUDA graph) checks the sunk
+    lengths on the host before each launch, negative ones too, with eager's text, and its replay
+    captures no device flag for them (on a GPU: no device-to-host read after each replay)."""
+    from torchair.ops import _device_checks
+    from torchair.ops.attention import ifa_fast
+    from torchair.runtime.units import capture_mode
+
+    monkeypatch.setattr(ifa_fast, "ENABLED", False)  # IFA's general path, as on a GPU
+    captured = []
+    require_none = _device_checks.require_none
+
+    def spy(bad, error):
+        if _device_checks._capturing(bad):
+            captured.append(bad.shape)
+        return require_none(bad, error)
+
+    monkeypatch.setattr(_device_checks, "require_none", spy)
+    sq = 1 if op == "ifa" else 3
+    q = _inputs(sq)[0]
+    g = torch.Generator().manual_seed(2)
+    dense_k, dense_v = torch.randn(3, 64, 128, generator=g), torch.randn(3, 64, 128, generator=g)
+    module = _DenseStep(op)
+    q_ok = [sq] * 3
+    kv_name = {"ifa": "actual_seq_lengths", "fia": "actual_seq_lengths_kv",
+               "v2": "actual_seq_kvlen"}[op]
+    with capture_mode("emulate"), torch.no_grad():
+        compiled = compile_static(module, (q, dense_k, dense_v), True)
+        for kv in ([40, 3, 17], [41, 4, 18], [42, 5, 19]):
+            torch.testing.assert_close(compiled(q, dense_k, dense_v, q_ok, kv),
+                                       module(q, dense_k, dense_v, q_ok, kv))
+        assert "emulation" in torchair.graph_reports()[-1].launch
+        assert captured == [], captured  # nothing captured for the host-checked lengths
+        text = _same_error(module, compiled, q, dense_k, dense_v, q_ok, [40, -3, 17])
+        assert text.endswith(f"{kv_name}[1]=-3 must be >= 0"), text
+        if op != "ifa":
+            q_name = "actual_seq_lengths" if op == "fia" else "actual_seq_qlen"
+            text = _same_error(module, compiled, q, dense_k, dense_v, [sq, -1, sq], [40, 3, 17])
+            assert f"{q_name}[1]=-1 must be in [0, S_q={sq}]" in text
+        torch.testing.assert_close(compiled(q, dense_k, dense_v, q_ok, [43, 6, 20]),
+                                   module(q, dense_k, dense_v, q_ok, [43, 6, 20]))
+    assert captured == [], captured
+
+
+class _DenseStep(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, q, k, v, q_lens, kv_lens):
+        common = dict(num_key_value_heads=2, input_layout="BSH")
+        if self.op == "ifa":
+            return IFA(q, k, v, actual_seq_lengths=kv_lens, num_heads=8, scale_value=0.125,
+                       **common) * 2
+        if self.op == "fia":
+            return FIA(q, k, v, actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens,
+                       num_heads=8, scale=0.125, sparse_mode=3, **common)[0] * 2
+        return FIA_V2(q, k, v, actual_seq_qlen=q_lens, actual_seq_kvlen=kv_lens,
+                      num_query_heads=8, softmax_scale=0.125, sparse_mode=3, **common)[0] * 2
+
+
+def test_captured_checks_are_read_in_one_piece_in_their_order():
+    """A capture concatenates its checks' summaries; one read raises the first failing check's
+    error with its index, as reading them one by one does."""
+    from torchair.ops import _device_checks
+
+    with _device_checks.collect() as checks, _device_checks.emulating_capture():
+        _device_checks.require_none(torch.tensor([False, False]), lambda i: ValueError(f"a{i}"))
+        _device_checks.require_none(torch.tensor([False, False, True]),
+                                    lambda i: ValueError(f"b{i}"))
+        _device_checks.require_none(torch.tensor([True]), lambda i: ValueError(f"c{i}"))
+    assert len(checks) == 3
+    summaries = torch.cat([c.summary for c in checks])
+    for how in ({}, {"summaries": summaries}):
+        with pytest.raises(ValueError, match="^b2$"):
+            _device_checks.raise_captured_errors(checks, **how)
+    _device_checks.raise_captured_errors(checks[:1], summaries=summaries[:2])  # nothing bad

@@ -202,8 +202,11 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
             gm = _drop_placeholder(gm, SUNK_INPUT_NAME)
     device = _device(inputs)
     capture = units.default_capture(device)
+    # a 0-d CPU tensor (a Python number Dynamo passes as a tensor, such as a norm's eps) is
+    # staged into a 0-d device tensor by the unit (StaticUnit: device scalars); any other CPU
+    # tensor cannot be read by a captured graph
     host_inputs = [inputs[i] for i in kept if inputs[i].kind != "symint"
-                   and torch.device(inputs[i].device).type == "cpu"]
+                   and torch.device(inputs[i].device).type == "cpu" and tuple(inputs[i].shape)]
     if capture == "cuda" and host_inputs:
         capture = None
         report.build_static = False

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from typing import Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 __all__ = ["block_id_error", "check_block_ids", "check_nonnegative_lengths", "collect",
-           "negative_length_error", "raise_captured_errors", "require_none"]
+           "host_checked", "negative_length_error", "raise_captured_errors", "require_none"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +45,28 @@ _captured: list[_Captured] = []
 _MAX_UNCOLLECTED = 256  # checks captured outside collect() (a user's own capture) kept for reading
 
 
+_emulation = threading.local()
+
+
+@contextlib.contextmanager
+def emulating_capture() -> Iterator[None]:
+    """Inside the block, checks behave as inside a CUDA graph capture. The runtime's
+    ``NoHostSync`` runs each op under it: a dispatch mode is off while it handles an op, so an
+    op's own Python kernel (a custom op's checks) would not see the mode on the stack."""
+    _emulation.depth = getattr(_emulation, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _emulation.depth -= 1
+
+
 def _capturing(t: torch.Tensor) -> bool:
     """A CUDA capture of the current stream, or a dispatch mode that emulates one (the runtime's
-    ``NoHostSync`` sets ``emulates_capture``): no host read allowed."""
+    ``NoHostSync`` sets ``emulates_capture`` and runs each op :func:`emulating_capture`): no host
+    read allowed."""
     if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return True
+    if getattr(_emulation, "depth", 0):
         return True
     return any(getattr(mode, "emulates_capture", False)
                for mode in _get_current_dispatch_mode_stack())
@@ -79,10 +98,19 @@ def collect() -> Iterator[list[_Captured]]:
         del _captured[start:]
 
 
-def raise_captured_errors(checks: list[_Captured] | None = None) -> None:
+def raise_captured_errors(checks: list[_Captured] | None = None, *,
+                          summaries: torch.Tensor | None = None) -> None:
     """Read the summaries of ``checks`` (default: every check captured outside :func:`collect`)
-    and raise the first failing one's error. Call it outside any capture, after a replay."""
-    for check in (_captured if checks is None else checks):
+    and raise the first failing one's error. Call it outside any capture, after a replay.
+    ``summaries``: the checks' summaries concatenated (by the capture), read at once."""
+    checks = _captured if checks is None else checks
+    if summaries is not None:
+        values = summaries.tolist()
+        for k, check in enumerate(checks):
+            if values[2 * k]:
+                raise check.error(values[2 * k + 1])
+        return
+    for check in checks:
         flag, index = (int(x) for x in check.summary.tolist())
         if flag:
             raise check.error(index)
@@ -125,6 +153,37 @@ def negative_length_error(op: str, name: str, index: int, value: int) -> ValueEr
     return ValueError(f"{op}: {name}[{index}]={value} must be >= 0")
 
 
+# (buffer, slot ranges) whose values the host checks before every launch (host_checked)
+_host_checked: list[tuple[torch.Tensor, frozenset[tuple[int, int]]]] = []
+
+
+@contextlib.contextmanager
+def host_checked(buffer: torch.Tensor, slots: frozenset[tuple[int, int]]) -> Iterator[None]:
+    """Inside the block, a captured length check of ``buffer[start:end]`` for a ``(start, end)``
+    in ``slots`` is not captured: the caller checks those values on the host before every
+    launch (a static unit's sunk scalars, :mod:`torchair.ops.attention.sunk_checks`), so the
+    replay needs no device flag for them and no device-to-host read after it."""
+    _host_checked.append((buffer, slots))
+    try:
+        yield
+    finally:
+        _host_checked.pop()
+
+
+def _checked_on_host(lengths: torch.Tensor) -> bool:
+    for buffer, slots in _host_checked:
+        if (lengths.dim() == 1 and lengths.dtype == buffer.dtype and lengths.stride(0) == 1
+                and lengths.device == buffer.device
+                and lengths.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()):
+            start = lengths.storage_offset() - buffer.storage_offset()
+            if (start, start + lengths.numel()) in slots:
+                return True
+    return False
+
+
 def check_nonnegative_lengths(op: str, name: str, lengths: torch.Tensor) -> None:
-    """Every entry of the 1-D ``lengths`` tensor must be >= 0 (module doc: where it reads)."""
+    """Every entry of the 1-D ``lengths`` tensor must be >= 0 (module doc: where it reads;
+    :func:`host_checked`: where nothing is captured)."""
+    if _host_checked and _capturing(lengths) and _checked_on_host(lengths):
+        return
     require_none(lengths < 0, lambda i: negative_length_error(op, name, i, int(lengths[i])))

@@ -27,7 +27,8 @@ class NoHostSync(TorchDispatchMode):
         if func in HOST_SYNC_OPS:
             raise RuntimeError(f"{func} reads tensor data on the host, which a CUDA graph "
                                f"capture cannot do; the captured launch must stay on the device")
-        return func(*args, **(kwargs or {}))
+        with _device_checks.emulating_capture():  # the op's own checks see the capture
+            return func(*args, **(kwargs or {}))
 
 
 def storage_groups(outputs: list) -> list[list[int]]:
@@ -84,13 +85,17 @@ def capture_cuda(fn: Callable, args: list, pool: Any, device: torch.device):
             if isinstance(out, torch.Tensor):
                 out.record_stream(current)
         graph = torch.cuda.CUDAGraph()
-        with _device_checks.collect() as checks, torch.cuda.graph(graph, pool=pool):
-            static_outputs = list(fn(args))
+        with torch.cuda.graph(graph, pool=pool):
+            with _device_checks.collect() as checks:
+                static_outputs = list(fn(args))
+            # every check's (any, index) in one tensor: one device-to-host read per replay
+            flags = torch.cat([c.summary for c in checks]) if len(checks) > 1 else None
     if not checks:
         return graph.replay, static_outputs, first
 
     def replay() -> None:
         graph.replay()
-        _device_checks.raise_captured_errors(checks)  # value checks of ops: flags read here
+        # value checks of ops: flags read here
+        _device_checks.raise_captured_errors(checks, summaries=flags)
 
     return replay, static_outputs, first

@@ -11,6 +11,12 @@ Policy per tensor input:
   changed. Launch units avoid that slow path by capturing once per set of borrowed addresses.
 - *owned* (everything else): a static buffer of the same shape and strides, copied into on every
   call unless the caller already passes that very buffer.
+- *adopted* (``adopt``: owned inputs the unit names, those on its device): the first call's
+  tensor itself is the static buffer, read and never written, so a caller that passes its
+  inputs in the same device buffers every step (a serving loop's persistent input buffers) has
+  nothing copied. An input that views a tensor written in place is never adopted. A call whose
+  tensor is elsewhere cannot be served by this stager (:meth:`InputStager.adopted_match` is
+  False): the unit then uses a stager with owned buffers for those inputs.
 """
 from __future__ import annotations
 
@@ -31,6 +37,19 @@ class SunkScalars:
         self.buffer = torch.zeros(len(program), dtype=torch.int64, device=device)
         self._cuda = self.buffer.device.type == "cuda"
         self._host_view = _host_view(self.buffer)
+        # a device buffer's values go through one host tensor of the program's length, written
+        # in place and copied with one cudaMemcpyAsync per launch. It is pageable on purpose:
+        # the driver stages a pageable source before the call returns, so the next call may
+        # rewrite it at once, while a pinned one is read when the copy runs on the device (a
+        # persistent pinned buffer would need an event per call; a new one per call, as
+        # before, cost a pinned allocation and an event). Measured on an H200 (bench README,
+        # issue 36's tenth session): a ring of 8 pinned buffers with an event each made the
+        # served step's host time 20 us longer than this
+        self._staging: torch.Tensor | None = None
+        self._staging_view: memoryview | None = None
+        if self._cuda and len(program):
+            self._staging = torch.zeros(len(program), dtype=torch.int64)
+            self._staging_view = _host_view(self._staging)
         # eager's checks of lengths that were host lists, on the host values, for the calls
         # that do not check them themselves (torchair.ops.attention.sunk_checks)
         self.checks: list = []
@@ -54,17 +73,57 @@ class SunkScalars:
         values = self.program(args)
         for check in self.checks:
             check(values)
-        if self._cuda:
-            # pinned + non_blocking: the host never waits for the device; the caching host
-            # allocator keeps the pinned block alive until the copy has run
-            host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
-            self.buffer.copy_(host, non_blocking=True)
+        if self._staging is not None:
+            self._staging_view[:] = array.array("q", values)  # type: ignore[index]
+            # non_blocking from pageable memory: staged by the driver before this returns, no
+            # wait for the device (see __init__)
+            self.buffer.copy_(self._staging, non_blocking=True)
+        elif self._cuda:  # an empty program: nothing to copy
+            return self.buffer
         elif self._host_view is not None:
             # in place through the buffer's memory: no tensor op on the hot path
             self._host_view[:] = array.array("q", values)
         else:
             self.buffer.copy_(torch.tensor(values, dtype=torch.int64))
         return self.buffer
+
+
+class DeviceScalars:
+    """The 0-d CPU tensors of a unit whose launch runs on a device (the numbers Dynamo passes to
+    a graph as tensors: a norm's ``eps``). Each position gets a 0-d tensor on the device, which
+    the unit reads instead; it is written (one small copy, in stream order) only when the call
+    passes another CPU tensor than the last one copied, or the same one written since. A cached
+    module's numbers are the same tensors call after call, so a step copies nothing."""
+
+    def __init__(self, args: Sequence[Any], positions: Sequence[int],
+                 device: torch.device) -> None:
+        self.positions = tuple(positions)
+        self.tensors = [torch.empty((), dtype=args[i].dtype, device=device) for i in positions]
+        self.last: list[tuple[Any, int] | None] = [None] * len(self.positions)
+        self.copies = 0  # (diagnostics and tests)
+
+    def stage(self, args: list) -> None:
+        """Put each position's device tensor in ``args``, written first when it must be."""
+        for k, i in enumerate(self.positions):
+            arg, last = args[i], self.last[k]
+            if last is None or last[0] is not arg or last[1] != arg._version:
+                if not isinstance(arg, torch.Tensor) or arg.dim() != 0:
+                    raise RuntimeError(f"static launch unit: input {i} was a 0-d tensor when "
+                                       f"the unit was built, got {type(arg).__name__} "
+                                       f"{list(getattr(arg, 'shape', []))}")
+                # from pageable memory: staged by the driver before copy_ returns
+                self.tensors[k].copy_(arg, non_blocking=True)
+                self.last[k] = (arg, arg._version)
+                self.copies += 1
+            args[i] = self.tensors[k]
+
+    @staticmethod
+    def positions_of(args: Sequence[Any], device: torch.device) -> list[int]:
+        """The 0-d CPU tensors of ``args`` when the unit runs on another device."""
+        if device.type == "cpu":
+            return []
+        return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
+                and a.device.type == "cpu" and a.dim() == 0]
 
 
 def _host_view(buffer: torch.Tensor) -> memoryview | None:
@@ -81,14 +140,21 @@ class InputStager:
     """Keeps one static buffer per graph input and copies each call's inputs into it."""
 
     def __init__(self, example: Sequence[Any], *, borrowed: set[int], mutated: set[int],
-                 names: Sequence[str]) -> None:
+                 names: Sequence[str], adopt: set[int] = frozenset()) -> None:
         self.names = list(names)
         self.mutated = set(mutated)
         self.borrowed = set(borrowed) | self.mutated
         self.static: list[Any] = []
         self.compact: dict[int, tuple[torch.Tensor, list[int]]] = {}  # broadcast (stride 0) inputs
+        self.adopted: list[int] = []  # owned inputs whose caller's tensor is the buffer
+        written = {example[i].untyped_storage().data_ptr() for i in self.mutated
+                   if isinstance(example[i], torch.Tensor)}
         for i, value in enumerate(example):
             if not isinstance(value, torch.Tensor) or i in borrowed or i in self.mutated:
+                self.static.append(value)
+                continue
+            if i in adopt and value.untyped_storage().data_ptr() not in written:
+                self.adopted.append(i)  # (a view of an input written in place keeps a copy)
                 self.static.append(value)
                 continue
             size = [1 if st == 0 else sz for sz, st in zip(value.size(), value.stride())]
@@ -99,10 +165,28 @@ class InputStager:
             self.static.append(base.as_strided(value.size(), value.stride()))
             self._copy_in(i, value)
         self.copies = 0  # tensors copied in since creation (diagnostics and tests)
+        # the usual call passes every static buffer itself (parameters, caches, adopted inputs):
+        # one C-level identity test over them (stage)
+        tensors = [i for i, buf in enumerate(self.static) if isinstance(buf, torch.Tensor)]
+        self._statics = tuple(self.static[i] for i in tensors)
+        self._pick = (operator.itemgetter(*tensors) if len(tensors) > 1 else
+                      (lambda args, t=tuple(tensors): tuple(args[i] for i in t)))
+
+    def adopted_match(self, args: Sequence[Any]) -> bool:
+        """Whether every adopted input of ``args`` is the adopted tensor's memory and strides."""
+        static = self.static
+        for i in self.adopted:
+            arg, buf = args[i], static[i]
+            if arg is not buf and (arg.data_ptr() != buf.data_ptr()
+                                   or arg.stride() != buf.stride()):
+                return False
+        return True
 
     def stage(self, args: Sequence[Any]) -> list[tuple[int, torch.Tensor | None]]:
         """Copy ``args`` into the static buffers. Returns what :meth:`finish` must undo: for a
         borrowed buffer (another caller's tensor) its saved contents."""
+        if all(map(operator.is_, self._pick(args), self._statics)):
+            return []
         pending = []
         for i, (arg, buf) in enumerate(zip(args, self.static)):
             if not isinstance(buf, torch.Tensor) or arg is buf:
@@ -110,6 +194,10 @@ class InputStager:
             if arg.data_ptr() == buf.data_ptr() and arg.stride() == buf.stride():
                 continue
             self._check(i, arg, buf)
+            if i in self.adopted:  # the caller's first tensor is never written
+                raise RuntimeError(f"static launch unit: input {i} (`{self.names[i]}`) is not "
+                                   f"at its adopted buffer's address; stage it with owned "
+                                   f"buffers (adopted_match)")
             saved = buf.clone() if i in self.borrowed else None
             self._copy_in(i, arg)
             self.copies += 1

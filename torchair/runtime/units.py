@@ -19,6 +19,7 @@ import torch.fx as fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from torchair.base.log import logger
+from torchair.ops import _device_checks
 from torchair.ops.attention.cpu import launch_errors as _launch_errors, launch_library as _launch_library
 from torchair.plan.report import GraphReport
 from torchair.plan.sink import HostScalarProgram
@@ -27,7 +28,7 @@ from torchair.runtime.binders.attention import AttentionBinder, fia_errors
 from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.input_layout import InputLayout, plain_tensors
-from torchair.runtime.staging import InputStager, SunkScalars
+from torchair.runtime.staging import DeviceScalars, InputStager, SunkScalars
 from torchair.runtime.unit_call import NativeEntry
 
 # the engines that compile with Inductor (which may order independent ops differently from the
@@ -64,6 +65,8 @@ class _Capture:
     replay: Callable[[], None]
     outputs: list
     groups: list[list[int]]  # output positions sharing one storage (views of each other)
+    # the capture on owned buffers that serves calls whose adopted inputs are elsewhere
+    owned: _Capture | None = None
 
     def copy_outputs(self, outputs: list) -> list:
         """Fresh copies (static buffers are overwritten by the next replay)."""
@@ -104,9 +107,13 @@ class StaticUnit:
         self.names = [names[i] for i in self.kept] + (["sunk_scalars"] if program else [])
         self.report = report
         self.sunk: SunkScalars | None = None
+        # 0-d CPU inputs of a captured device unit, read from device tensors (see DeviceScalars)
+        self.scalars: DeviceScalars | None = None
         self.run: Callable[[list], Sequence[Any]] | None = None
         self._fast: Callable[[list], Sequence[Any]] | None = None  # see _fused
         self._host_checks: list = []  # (call node name, check) of the sunk host lists
+        # the sunk buffer's slots those checks cover, in a captured unit (see _capture_one)
+        self._checked_slots: frozenset[tuple[int, int]] = frozenset()
         # the unit's own input check when compiled without Inductor's input asserts (see
         # torchair.runtime.input_layout); None: Inductor's asserts, or no generated code
         self.layout: InputLayout | None = None
@@ -124,6 +131,8 @@ class StaticUnit:
             unit_args = [args[i] for i in self.kept]
             if self.sunk is not None:
                 unit_args.append(self.sunk.stage(args))
+            if self.scalars is not None:
+                self.scalars.stage(unit_args)
             if self.run is None:
                 return self._build(args, unit_args)
             if self.layout is not None:
@@ -135,11 +144,20 @@ class StaticUnit:
         what = f"graph {self.report.graph_id}"
         if self.program is not None and self.sunk is None:
             self.sunk = SunkScalars(self.program, _device_of(unit_args))
-            from torchair.ops.attention.sunk_checks import host_list_checks
+            from torchair.ops.attention.sunk_checks import host_checked_slots, host_list_checks
 
-            self._host_checks = host_list_checks(self.gm)  # (call node name, check)
+            # (call node name, check); a captured unit checks on the host what its replay
+            # would otherwise read back from the device (see _capture_one)
+            self._host_checks = host_list_checks(self.gm, captured=self.capture is not None)
+            if self.capture is not None:
+                self._checked_slots = host_checked_slots(self.gm)
             self.sunk.checks = [check for _, check in self._host_checks]
             unit_args.append(self.sunk.stage(args))
+        if self.capture == "cuda" and self.scalars is None:
+            positions = DeviceScalars.positions_of(unit_args, _device_of(unit_args))
+            if positions:
+                self.scalars = DeviceScalars(unit_args, positions, _device_of(unit_args))
+                self.scalars.stage(unit_args)  # the engine is built for the device tensors
         engine = self._engine(unit_args, what)
         errors = _launch_library.loaded() and self.capture is None  # launch kernels defer errors
         as_fia = errors and fia_errors(self.gm)
@@ -306,18 +324,27 @@ class StaticUnit:
     def _captured(self, engine: Engine, unit_args: list) -> Callable[[list], list]:
         """Replay of captured work, one capture per set of borrowed input addresses (parameters,
         buffers and in-place inputs of another model instance or another KV cache get their
-        own), up to ``MAX_CAPTURES``; beyond that inputs are copied in and out around a replay."""
+        own), up to ``MAX_CAPTURES``; beyond that inputs are copied in and out around a replay.
+
+        A capture reads the other inputs on the unit's device (the step's tokens, positions)
+        from the tensors its first call passed (adopted, see :mod:`torchair.runtime.staging`):
+        a caller that keeps its inputs in the same buffers every step has nothing copied. The
+        first call whose such input is elsewhere captures once more on owned buffers, which
+        that call and every later one like it are copied into."""
         captures: dict[tuple[int, ...], _Capture] = {}
         keyed = sorted(self.borrowed | self.mutated)
         pool = None
         if self.capture == "cuda":
             pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
 
+        pick = _picker(keyed)
+        data_ptr = torch.Tensor.data_ptr
+
         def run(call_args: list) -> list:
-            key = tuple(call_args[i].data_ptr() for i in keyed)
+            key = tuple(map(data_ptr, pick(call_args)))
             cap = captures.get(key)
             if cap is None and len(captures) < MAX_CAPTURES:
-                cap, first = self._capture_one(engine, call_args, pool)
+                cap, first = self._capture_one(engine, call_args, pool, adopt=None)
                 captures[key] = cap
                 if len(captures) > 1:
                     logger.info("graph %d: captured again for new addresses of its parameters or "
@@ -331,6 +358,21 @@ class StaticUnit:
                     logger.warning("graph %d: more than %d distinct addresses for its parameters "
                                    "or in-place inputs; the others are copied in and out around "
                                    "each replay (slow)", self.report.graph_id, MAX_CAPTURES)
+            while cap.stager.adopted and not cap.stager.adopted_match(call_args):
+                if cap.owned is None:
+                    # the inputs still in their adopted buffers stay adopted; the others (and
+                    # every one, a second time down) get buffers of their own
+                    keep = ([i for i in cap.stager.adopted
+                             if call_args[i].data_ptr() == cap.stager.static[i].data_ptr()
+                             and call_args[i].stride() == cap.stager.static[i].stride()]
+                            if cap is captures.get(key) else [])
+                    cap.owned, first = self._capture_one(engine, call_args, pool, adopt=keep)
+                    logger.debug("graph %d: %d input(s) on the device came in other buffers "
+                                 "than the first call's; captured again on buffers of its own "
+                                 "for them, which such calls are copied into",
+                                 self.report.graph_id, len(cap.stager.adopted) - len(keep))
+                    return cap.owned.copy_outputs(first)
+                cap = cap.owned
             pending = cap.stager.stage(call_args)
             try:
                 cap.replay()
@@ -340,9 +382,20 @@ class StaticUnit:
 
         return run
 
-    def _capture_one(self, engine: Engine, call_args: list, pool: Any) -> tuple[_Capture, list]:
+    def _capture_one(self, engine: Engine, call_args: list, pool: Any,
+                     adopt: Sequence[int] | None) -> tuple[_Capture, list]:
+        """A capture on ``call_args``; ``adopt``: the inputs it reads from the caller's tensors
+        (None: every input on the unit's device that InputStager may adopt)."""
+        device = _device_of(call_args)
+        if adopt is None:
+            adopt = [i for i, a in enumerate(call_args)
+                     if isinstance(a, torch.Tensor) and a.device == device]
         stager = InputStager(call_args, borrowed=self.borrowed | self._sunk_position(),
-                             mutated=self.mutated, names=self.names)
+                             mutated=self.mutated, names=self.names, adopt=set(adopt))
+        if self._checked_slots and self.sunk is not None:
+            # the sunk lengths' checks run on the host before every launch (SunkScalars.checks):
+            # the capture leaves them out, so a replay reads no device flag back for them
+            engine = _host_checked_engine(engine, self.sunk.buffer, self._checked_slots)
         if self.capture == "cuda":
             replay, outputs, first = _capture.capture_cuda(engine, stager.static, pool,
                                                            _device_of(stager.static))
@@ -352,6 +405,27 @@ class StaticUnit:
 
     def _sunk_position(self) -> set[int]:
         return {len(self.kept)} if self.program is not None else set()
+
+
+def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
+    """``args -> tuple(args[i] for i in positions)`` in one C call (itemgetter)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        only = positions[0]
+        return lambda args: (args[only],)
+    return lambda args: ()
+
+
+def _host_checked_engine(engine: Engine, buffer: torch.Tensor,
+                         slots: frozenset[tuple[int, int]]) -> Engine:
+    """``engine`` run with ``slots`` of ``buffer`` host-checked (the capture, and each replay of
+    the CPU emulation, which reruns the engine)."""
+    def run(args: list) -> Sequence[Any]:
+        with _device_checks.host_checked(buffer, slots):
+            return engine(args)
+
+    return run
 
 
 def _device_of(args: Sequence[Any]) -> torch.device:

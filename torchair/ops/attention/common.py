@@ -184,7 +184,19 @@ def seq_lengths_tensor(op: str, lengths, batch: int, device: torch.device) -> to
     if isinstance(lengths, torch.Tensor):
         _device_checks.check_nonnegative_lengths(op, "actual_seq_lengths", lengths)
         return lengths.to(torch.int64)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # a host list inside someone else's CUDA graph capture (torch.compile's
+        # mode="reduce-overhead" records one graph per set of lengths): a copy from pageable
+        # memory cannot be captured, one from pinned memory can; the graph reads that memory
+        # at each replay, so it is kept for the life of the process
+        host = torch.tensor(lengths, dtype=torch.int64, pin_memory=True)
+        _CAPTURED_HOST_LISTS.append(host)
+        return host.to(device, non_blocking=True)
     return torch.tensor(lengths, dtype=torch.int64, device=device)
+
+
+# host lists copied inside a CUDA graph capture (seq_lengths_tensor): their pinned memory stays
+_CAPTURED_HOST_LISTS: list[torch.Tensor] = []
 
 
 def length_mask(lengths: torch.Tensor, kv_len: int) -> torch.Tensor:

@@ -13,11 +13,17 @@ the twin reports itself with eager's text (a count of neither B nor 1, negative 
 left to it, so that it is raised at the call, in the program's order; the checks here raise
 before the launch, so when another call of the same unit fails too, the order between the two
 may differ from eager's.
+
+A unit that captures its launch (a CUDA graph, or its CPU emulation) asks for ``captured``
+checks: those also check the sunk KV lengths for negative values with eager's text, and
+:func:`host_checked_slots` names the buffer slots they cover. The unit captures with those
+slots :func:`~torchair.ops._device_checks.host_checked`, so the twin captures no device flag
+for them and the replay is not followed by a device-to-host read of one (a stream sync).
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
@@ -29,7 +35,7 @@ from torchair.ops.attention import (
     ifa_checks as _ifa_checks,
 )
 
-__all__ = ["host_list_checks"]
+__all__ = ["host_checked_slots", "host_list_checks"]
 
 Check = Callable[[list], None]
 
@@ -48,15 +54,22 @@ def _paged(args: tuple, kw: dict) -> tuple[int, int, int] | None:
 
 def _call_check(kv_slots: tuple[int, int] | None, q_slots: tuple[int, int] | None, batch: int,
                 q_len: int, paged: tuple[int, int, int] | None, kv_wording: Callable[[], Any],
-                q_wording: Callable[[], Any]) -> Check:
+                q_wording: Callable[[], Any], negatives: bool) -> Check:
     """One call's checks. What the twin itself reports with eager's text (a count of neither B
     nor 1, negative KV lengths) is left to it, so that it is raised where the call runs, in the
-    program's order; only the checks of host lists alone run here, before the launch."""
+    program's order; only the checks of host lists alone run here, before the launch. With
+    ``negatives`` (a captured unit) negative KV lengths are checked here too, first, as eager
+    checks a host list (``host_lengths``)."""
     def check(values: list) -> None:
         if kv_slots is not None:
             lengths = values[kv_slots[0]:kv_slots[1]]
-            if len(lengths) not in (batch, 1) or min(lengths, default=0) < 0:
-                return  # the twin's own errors, at the call
+            if len(lengths) not in (batch, 1):
+                return  # the twin's own error, at the call
+            if min(lengths, default=0) < 0:
+                if not negatives:
+                    return
+                with kv_wording():
+                    _ifa_checks.host_lengths(lengths, batch)
             if paged is not None:
                 with kv_wording():
                     _ifa_checks.check_paged_lengths(
@@ -81,17 +94,13 @@ def _dims(node: fx.Node, layout: str) -> tuple[int, int] | None:
     return int(query.shape[0]), int(query.shape[s_dim])
 
 
-def host_list_checks(gm: fx.GraphModule) -> list[tuple[str, Check]]:
-    """``(node name, check)`` for every IFA / FIA / FIA v2 tensor-twin call of ``gm`` whose
-    lengths were host lists (module doc); ``check(values)`` takes the sunk buffer's host values
-    and raises eager's ValueError."""
+def _twin_calls(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, dict, int, int]]:
+    """``(node, kwargs in v1's names, B, S_q)`` of every IFA / FIA / FIA v2 tensor-twin call of
+    ``gm`` whose query shape is known."""
     npu = torch.ops.npu
-    ifa = npu.npu_incre_flash_attention_tensor.default
-    fia = npu.npu_fused_infer_attention_score_tensor.default
     fia_v2 = npu.npu_fused_infer_attention_score_v2_tensor.default
-    checks: list[tuple[str, Check]] = []
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in (ifa, fia, fia_v2):
+        if node.op != "call_function" or node.target not in _twins():
             continue
         kw = dict(node.kwargs)
         if node.target is fia_v2:
@@ -100,27 +109,58 @@ def host_list_checks(gm: fx.GraphModule) -> list[tuple[str, Check]]:
             kw["input_layout"] = _v2.LAYOUTS.get(layout, (layout,))[0]
         layout = kw.get("input_layout", "BSH")
         dims = _dims(node, layout) if isinstance(layout, str) else None
-        if dims is None:
-            continue
-        batch, q_len = dims
+        if dims is not None:
+            yield node, kw, dims[0], dims[1]
+
+
+def _twins() -> tuple:
+    npu = torch.ops.npu
+    return (npu.npu_incre_flash_attention_tensor.default,
+            npu.npu_fused_infer_attention_score_tensor.default,
+            npu.npu_fused_infer_attention_score_v2_tensor.default)
+
+
+def _slots(node: fx.Node, kw: dict) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """The sunk buffer slots of the call's KV lengths and (FIA) query lengths."""
+    ifa = node.target is torch.ops.npu.npu_incre_flash_attention_tensor.default
+    kv_slots = sunk_slots(kw.get("actual_seq_lengths" if ifa else "actual_seq_lengths_kv"))
+    q_slots = None if ifa else sunk_slots(kw.get("actual_seq_lengths"))
+    return kv_slots, q_slots
+
+
+def host_list_checks(gm: fx.GraphModule, captured: bool = False) -> list[tuple[str, Check]]:
+    """``(node name, check)`` for every IFA / FIA / FIA v2 tensor-twin call of ``gm`` whose
+    lengths were host lists (module doc); ``check(values)`` takes the sunk buffer's host values
+    and raises eager's ValueError. ``captured``: the checks of a unit that captures its launch
+    (module doc), which also check negative KV lengths."""
+    npu = torch.ops.npu
+    ifa = npu.npu_incre_flash_attention_tensor.default
+    fia = npu.npu_fused_infer_attention_score_tensor.default
+    checks: list[tuple[str, Check]] = []
+    for node, kw, batch, q_len in _twin_calls(gm):
         paged = _paged(node.args, kw)
         if node.target is ifa:
             wording: Callable[[], Any] = contextlib.nullcontext
-            kv_name = "actual_seq_lengths"
         elif node.target is fia:
             wording = lambda: _fia_checks.ifa_errors_as_fia(kv_lengths=True)  # noqa: E731
-            kv_name = "actual_seq_lengths_kv"
         else:
             def wording():  # v1's checks under FIA's words, then v2's
                 stack = contextlib.ExitStack()
                 stack.enter_context(_v2.v2_wording())
                 stack.enter_context(_fia_checks.ifa_errors_as_fia(kv_lengths=True))
                 return stack
-            kv_name = "actual_seq_lengths_kv"
-        kv_slots = sunk_slots(kw.get(kv_name))
-        q_slots = sunk_slots(kw.get("actual_seq_lengths")) if node.target is not ifa else None
-        if (kv_slots is not None and paged is not None) or q_slots is not None:
+        kv_slots, q_slots = _slots(node, kw)
+        if (kv_slots is not None and (paged is not None or captured)) or q_slots is not None:
             q_wording = contextlib.nullcontext if node.target is fia else _v2.v2_wording
             checks.append((node.name, _call_check(kv_slots, q_slots, batch, q_len, paged,
-                                                  wording, q_wording)))
+                                                  wording, q_wording, captured)))
     return checks
+
+
+def host_checked_slots(gm: fx.GraphModule) -> frozenset[tuple[int, int]]:
+    """The sunk buffer slots whose values ``host_list_checks(gm, captured=True)`` checks for
+    negative values (KV lengths, and FIA's query lengths, checked to lie in ``[0, S_q]``)."""
+    found: set[tuple[int, int]] = set()
+    for node, kw, _, _ in _twin_calls(gm):
+        found.update(s for s in _slots(node, kw) if s is not None)
+    return frozenset(found)
