@@ -5,7 +5,10 @@
 # cuts short.
 #   0. the C++ launch library's error check (bench/gpu_launch_probe.sh: a native backtrace
 #      under cuda-gdb when it fails, as every raised ValueError did on the first lent H200);
-#   1. the tests marked `cuda` (compiled Triton kernels against the references, CUDA graphs);
+#   1. the served step against its CUDA graph replay's own host time (bench/bench_gpu_step.py:
+#      eager, cache_compile, torch.compile, reduce-overhead; persistent and fresh input buffers);
+#      then the tests marked `cuda` (compiled Triton kernels against the references, CUDA
+#      graphs), CUDA_TESTS (default: tests) narrowing them;
 #   2. `torchair demo` on CUDA (tokens graph == eager, speed, CUDA graphs per gear);
 #   3. the decode step on CUDA (eager / inductor / torchair paths / reduce-overhead);
 #   4. decode attention on CUDA: the Triton kernel's K+V bandwidth vs the measured copy
@@ -52,8 +55,9 @@ arch=$(timeout 60 python3 -c "import torch; p = torch.cuda.get_device_properties
 # on a machine without a package index); without it they run in one process
 xdist() { timeout 30 python3 -c "import xdist" 2>/dev/null && echo "-n $1 ${2:-}"; }
 TAIL=40 run launch_probe "${T_PROBE:-120}" bash bench/gpu_launch_probe.sh
+run gpu_step "${T_GPUSTEP:-300}" python3 -m bench.bench_gpu_step ${GPUSTEP_ARGS:-} --out "$out/gpu_step_cuda.json"
 TAIL=30 run pytest_cuda "${T_CUDA:-180}" python3 -m pytest -q -m cuda -p no:cacheprovider -rfE \
-    $(xdist 4 "--dist loadfile") --continue-on-collection-errors tests
+    $(xdist 4 "--dist loadfile") --continue-on-collection-errors ${CUDA_TESTS:-tests}
 run demo "${T_DEMO:-70}" python3 -m torchair demo --device cuda --batch 1 4 --steps 16 --no-progress \
     --json "$out/demo_cuda.json"
 # reduce-overhead is left out: its first call took 57 s on the first lent H200
