@@ -17,7 +17,7 @@ import torch
 import torchair  # (registers torch.ops.npu.*)
 from bench import _harness as H, _profile as P
 from bench._decode_variants import DYNAMO_FLOOR, FLOOR, THROUGH_DYNAMO, DynamoFloor, make_variant, reset_caches
-from bench.model import DecoderStep, ModelConfig, StepInput, make_schedule
+from bench.model import ModelConfig, StepInput, make_schedule, seeded_decoder
 from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, read_bandwidth, x_floor
 
 
@@ -33,15 +33,7 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
               dtype: torch.dtype) -> dict[str, Any]:
     torch._dynamo.reset()
     sync = H.synchronizer(device)
-    torch.manual_seed(args.seed)
-    model = DecoderStep(cfg).to(device=device, dtype=dtype).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    init_k = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
-              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
-    init_v = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
-              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
+    model, init_k, init_v = seeded_decoder(cfg, batch, device, dtype, args.seed)
 
     n_warm = 2  # first call compiles; the second (new lengths) shows whether anything recompiles
     n_profile = args.profile_steps if "torchair" in args.variants or "torchair-fx" in \

@@ -41,7 +41,7 @@ import torch
 import torchair
 from bench import _harness as H, _profile as P
 from bench._decode_variants import make_variant, reset_caches
-from bench.model import DecoderStep, ModelConfig, StepInput, make_schedule, max_calls
+from bench.model import ModelConfig, StepInput, make_schedule, max_calls, seeded_decoder
 from torchair.runtime import capture as _capture
 from torchair.runtime.units import capture_mode
 
@@ -148,15 +148,7 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int) -> dict[st
     device, dtype = args.device, getattr(torch, args.dtype)
     torch._dynamo.reset()
     sync = H.synchronizer(device)
-    torch.manual_seed(args.seed)
-    model = DecoderStep(cfg).to(device=device, dtype=dtype).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    init_k = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
-              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
-    init_v = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
-              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
+    model, init_k, init_v = seeded_decoder(cfg, batch, device, dtype, args.seed)
     schedule = make_schedule(cfg, batch, min(max_calls(cfg, batch), 400), device, dtype,
                              args.seed + batch)
     for s in schedule:

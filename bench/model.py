@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import torchair  # noqa: F401  (registers torch.ops.npu.*)
 
 __all__ = ["ModelConfig", "RMSNorm", "DecoderLayer", "DecoderStep", "StepInput",
-           "host_bench_decoder", "make_schedule", "max_calls"]
+           "host_bench_decoder", "make_schedule", "max_calls", "seeded_decoder"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +134,22 @@ def host_bench_decoder(quick: bool, batch: int) -> tuple[ModelConfig, DecoderSte
     model = DecoderStep(cfg).eval()
     init = [torch.zeros(batch, cfg.capacity, cfg.kv_hidden) for _ in range(cfg.layers)]
     return cfg, model, init
+
+
+def seeded_decoder(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype, seed: int
+                   ) -> tuple[DecoderStep, list[torch.Tensor], list[torch.Tensor]]:
+    """The decoder seeded with ``seed`` on ``device`` in ``dtype`` (eval mode, no grad on its
+    parameters) and random initial K and V caches for ``batch`` (seeded with ``seed + 1``)."""
+    torch.manual_seed(seed)
+    model = DecoderStep(cfg).to(device=device, dtype=dtype).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(seed + 1)
+    init_k = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
+              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
+    init_v = [torch.randn(batch, cfg.capacity, cfg.kv_hidden, generator=gen)
+              .to(device=device, dtype=dtype) for _ in range(cfg.layers)]
+    return model, init_k, init_v
 
 
 @dataclasses.dataclass

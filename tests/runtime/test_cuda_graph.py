@@ -106,6 +106,20 @@ def test_inputs_in_persistent_buffers_are_read_in_place_and_new_buffers_are_copi
     check_adopted_inputs(torch.device("cuda"), str(tmp_path))
 
 
+def _cached(module_class, device, cache_dir, run_eagerly):
+    """(model, its eager twin with the same weights, the model's forward through cache_compile
+    as path 4)."""
+    torch.manual_seed(0)
+    model = module_class().to(device).eval()
+    twin = module_class().to(device).eval()
+    twin.load_state_dict(model.state_dict())
+    config = torchair.CompilerConfig()
+    config.experimental_config.tiling_schedule_optimize = True
+    config.debug.run_eagerly = run_eagerly
+    return model, twin, torchair.inference.cache_compile(model.forward, config=config,
+                                                         cache_dir=cache_dir)
+
+
 def check_adopted_inputs(device: torch.device, cache_dir: str, run_eagerly: bool = False) -> None:
     """A cached path-4 step over persistent and fresh input buffers on ``device`` (see the
     test above); ``run_eagerly``: the FX engine."""
@@ -118,15 +132,7 @@ def check_adopted_inputs(device: torch.device, cache_dir: str, run_eagerly: bool
         copies.append(i)
         return copy_in(self, i, arg)
 
-    torch.manual_seed(0)
-    model = Decode().to(device).eval()
-    twin = Decode().to(device).eval()
-    twin.load_state_dict(model.state_dict())
-    config = torchair.CompilerConfig()
-    config.experimental_config.tiling_schedule_optimize = True
-    config.debug.run_eagerly = run_eagerly
-    compiled = torchair.inference.cache_compile(model.forward, config=config,
-                                                cache_dir=cache_dir)
+    model, twin, compiled = _cached(Decode, device, cache_dir, run_eagerly)
     kc, vc = torch.randn(B, S, H, device=device), torch.randn(B, S, H, device=device)
     ref_kc, ref_vc = kc.clone(), vc.clone()
     x_buf, p_buf = torch.randn(B, 1, H, device=device), torch.tensor([0], device=device)
@@ -180,15 +186,7 @@ def test_cached_module_with_a_float_attribute_replays_a_cuda_graph(tmp_path, run
     """A module's float (``eps``) reaches the graph as a 0-d CPU tensor: the unit reads it from a
     device copy, so the step is still one CUDA graph replay, and a new eps is used."""
     device = torch.device("cuda")
-    torch.manual_seed(0)
-    model = _Normed().to(device).eval()
-    twin = _Normed().to(device).eval()
-    twin.load_state_dict(model.state_dict())
-    config = torchair.CompilerConfig()
-    config.experimental_config.tiling_schedule_optimize = True
-    config.debug.run_eagerly = run_eagerly
-    compiled = torchair.inference.cache_compile(model.forward, config=config,
-                                                cache_dir=str(tmp_path))
+    model, twin, compiled = _cached(_Normed, device, str(tmp_path), run_eagerly)
     kc, vc = torch.randn(B, S, H, device=device), torch.randn(B, S, H, device=device)
     ref_kc = kc.clone()
     x, p = torch.randn(B, 1, H, device=device), torch.tensor([3], device=device)

@@ -670,3 +670,63 @@ def test_device_scalars_copy_only_a_new_or_written_number():
     assert scalars.copies == 4 and staged[1].item() == 5e-6 and staged[2].item() == 3
     with pytest.raises(RuntimeError, match="input 1 was a 0-d tensor"):
         scalars.stage([args[0], torch.zeros(2), other])
+
+
+def test_device_scalars_of_inference_tensors_compare_values_and_skip_written_inputs():
+    """Inference tensors have no version counter: their value decides whether to copy. A 0-d
+    input the unit writes in place is never a device scalar (its write must reach the caller)."""
+    from torchair.runtime.staging import DeviceScalars
+
+    with torch.inference_mode():
+        eps = torch.tensor(1e-6, dtype=torch.float64)
+        zero = torch.tensor(0.0, dtype=torch.float64)
+    args = [torch.zeros(2), eps, zero]
+    scalars = DeviceScalars(args, [1, 2], torch.device("cpu"))
+    assert not scalars.tensors[0].is_inference()
+    for _ in range(3):
+        staged = list(args)
+        scalars.stage(staged)
+    assert scalars.copies == 2 and staged[1].item() == 1e-6
+    with torch.inference_mode():
+        same = torch.tensor(1e-6, dtype=torch.float64)
+        negative_zero = torch.tensor(-0.0, dtype=torch.float64)
+    staged = [args[0], same, negative_zero]
+    scalars.stage(staged)  # the same eps value: not copied; -0.0 is not 0.0
+    assert scalars.copies == 3 and str(staged[2].item()) == "-0.0"
+    meta = torch.device("meta")
+    assert DeviceScalars.positions_of(args, meta) == [1, 2]
+    assert DeviceScalars.positions_of(args, meta, mutated={2}) == [1]
+
+
+def test_an_adopted_tensor_whose_storage_was_swapped_no_longer_matches():
+    """The capture read the adopted tensor's memory then: ``set_`` on the very same object moves
+    it, and the stager must not serve it from the old address."""
+    x = torch.randn(4, 8)
+    stager = InputStager([x], borrowed=set(), mutated=set(), names=["x"], adopt={0})
+    assert stager.adopted_match([x])
+    x.set_(torch.zeros(4, 8))
+    assert not stager.adopted_match([x])
+
+
+def test_a_cpu_scalar_stays_a_host_input_when_written_or_beside_16_bit_floats():
+    """Which 0-d CPU inputs a captured unit may read from a device tensor (pipeline)."""
+    import torch.fx as fx
+
+    from torchair.core.pipeline import _device_scalar_ok
+    from torchair.plan.inputs import InputInfo
+
+    graph = fx.Graph()
+    x, eps, temp, count = (graph.placeholder(n) for n in ("x", "eps", "temp", "count"))
+    a = graph.call_function(torch.ops.aten.add.Tensor, (x, eps))
+    a.meta["val"] = torch.empty(2, dtype=torch.float32)
+    b = graph.call_function(torch.ops.aten.div.Tensor, (x, temp))
+    b.meta["val"] = torch.empty(2, dtype=torch.bfloat16)
+    c = graph.call_function(torch.ops.aten.add_.Tensor, (count, 1))
+    c.meta["val"] = torch.empty((), dtype=torch.float64)
+    graph.output((a, b, c))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    inputs = [InputInfo(0, "x", "tensor", (2,), "float32", device="cuda"),
+              InputInfo(1, "eps", "tensor", (), "float64"),
+              InputInfo(2, "temp", "tensor", (), "float64"),
+              InputInfo(3, "count", "tensor", (), "float64", mutated=True)]
+    assert _device_scalar_ok(gm, (0, 1, 2, 3), inputs) == {1}

@@ -18,12 +18,16 @@ FIA_V2 = torch.ops.npu.npu_fused_infer_attention_score_v2
 
 
 class _Step(torch.nn.Module):
+    """One attention call of ``op``: paged (``table`` given, blocks of 16) or dense."""
+
     def __init__(self, op):
         super().__init__()
         self.op = op
 
-    def forward(self, q, k, v, q_lens, kv_lens, table):
-        common = dict(num_key_value_heads=2, input_layout="BSH", block_table=table, block_size=16)
+    def forward(self, q, k, v, q_lens, kv_lens, table=None):
+        common = dict(num_key_value_heads=2, input_layout="BSH")
+        if table is not None:
+            common.update(block_table=table, block_size=16)
         if self.op == "ifa":
             return IFA(q, k, v, actual_seq_lengths=kv_lens, num_heads=8, scale_value=0.125,
                        **common) * 2
@@ -121,7 +125,7 @@ def test_a_captured_unit_checks_sunk_lengths_on_the_host_with_eagers_text(op, mo
     q = _inputs(sq)[0]
     g = torch.Generator().manual_seed(2)
     dense_k, dense_v = torch.randn(3, 64, 128, generator=g), torch.randn(3, 64, 128, generator=g)
-    module = _DenseStep(op)
+    module = _Step(op)
     q_ok = [sq] * 3
     kv_name = {"ifa": "actual_seq_lengths", "fia": "actual_seq_lengths_kv",
                "v2": "actual_seq_kvlen"}[op]
@@ -141,23 +145,6 @@ def test_a_captured_unit_checks_sunk_lengths_on_the_host_with_eagers_text(op, mo
         torch.testing.assert_close(compiled(q, dense_k, dense_v, q_ok, [43, 6, 20]),
                                    module(q, dense_k, dense_v, q_ok, [43, 6, 20]))
     assert captured == [], captured
-
-
-class _DenseStep(torch.nn.Module):
-    def __init__(self, op):
-        super().__init__()
-        self.op = op
-
-    def forward(self, q, k, v, q_lens, kv_lens):
-        common = dict(num_key_value_heads=2, input_layout="BSH")
-        if self.op == "ifa":
-            return IFA(q, k, v, actual_seq_lengths=kv_lens, num_heads=8, scale_value=0.125,
-                       **common) * 2
-        if self.op == "fia":
-            return FIA(q, k, v, actual_seq_lengths=q_lens, actual_seq_lengths_kv=kv_lens,
-                       num_heads=8, scale=0.125, sparse_mode=3, **common)[0] * 2
-        return FIA_V2(q, k, v, actual_seq_qlen=q_lens, actual_seq_kvlen=kv_lens,
-                      num_query_heads=8, softmax_scale=0.125, sparse_mode=3, **common)[0] * 2
 
 
 def test_captured_checks_are_read_in_one_piece_in_their_order():

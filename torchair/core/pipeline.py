@@ -187,6 +187,25 @@ def _compile_gears(gm: fx.GraphModule, example_inputs: Sequence[Any], inputs: li
     return _publish(report, unit)
 
 
+def _device_scalar_ok(gm: fx.GraphModule, kept: Sequence[int],
+                      inputs: list[InputInfo]) -> set[int]:
+    """The 0-d CPU inputs a captured unit may read from a 0-d device tensor instead: not
+    written in place, and no op of theirs yields a float16 / bfloat16 tensor (eager reads a CPU
+    scalar in the op's float32 math, while a 0-d device tensor is first rounded to the other
+    operand's dtype: ``logits_bf16 / temperature`` would change)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ok = set()
+    for node, i in zip(placeholders, kept):
+        info = inputs[i]
+        if info.kind == "symint" or tuple(info.shape) or info.mutated:
+            continue
+        low = any(isinstance(v := user.meta.get("val"), torch.Tensor)
+                  and v.dtype in (torch.float16, torch.bfloat16) for user in node.users)
+        if not low:
+            ok.add(i)
+    return ok
+
+
 def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo],
                  config: CompilerConfig, report: GraphReport, pool: Any = None,
                  notes: Sequence[str] = ()) -> units.StaticUnit:
@@ -203,10 +222,13 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
     device = _device(inputs)
     capture = units.default_capture(device)
     # a 0-d CPU tensor (a Python number Dynamo passes as a tensor, such as a norm's eps) is
-    # staged into a 0-d device tensor by the unit (StaticUnit: device scalars); any other CPU
-    # tensor cannot be read by a captured graph
+    # staged into a 0-d device tensor by the unit (StaticUnit: device scalars), unless the graph
+    # writes it or uses it beside a 16-bit float (see _device_scalar_ok); any other CPU tensor
+    # cannot be read by a captured graph
+    scalars_ok = _device_scalar_ok(gm, kept, inputs)
     host_inputs = [inputs[i] for i in kept if inputs[i].kind != "symint"
-                   and torch.device(inputs[i].device).type == "cpu" and tuple(inputs[i].shape)]
+                   and torch.device(inputs[i].device).type == "cpu"
+                   and (tuple(inputs[i].shape) or i not in scalars_ok)]
     if capture == "cuda" and host_inputs:
         capture = None
         report.build_static = False

@@ -153,8 +153,8 @@ def negative_length_error(op: str, name: str, index: int, value: int) -> ValueEr
     return ValueError(f"{op}: {name}[{index}]={value} must be >= 0")
 
 
-# (buffer, slot ranges) whose values the host checks before every launch (host_checked)
-_host_checked: list[tuple[torch.Tensor, frozenset[tuple[int, int]]]] = []
+# per thread: (buffer, slot ranges) whose values the host checks before every launch
+_host_checked = threading.local()
 
 
 @contextlib.contextmanager
@@ -163,15 +163,16 @@ def host_checked(buffer: torch.Tensor, slots: frozenset[tuple[int, int]]) -> Ite
     in ``slots`` is not captured: the caller checks those values on the host before every
     launch (a static unit's sunk scalars, :mod:`torchair.ops.attention.sunk_checks`), so the
     replay needs no device flag for them and no device-to-host read after it."""
-    _host_checked.append((buffer, slots))
+    stack = _host_checked.__dict__.setdefault("stack", [])
+    stack.append((buffer, slots))
     try:
         yield
     finally:
-        _host_checked.pop()
+        stack.pop()
 
 
 def _checked_on_host(lengths: torch.Tensor) -> bool:
-    for buffer, slots in _host_checked:
+    for buffer, slots in getattr(_host_checked, "stack", ()):
         if (lengths.dim() == 1 and lengths.dtype == buffer.dtype and lengths.stride(0) == 1
                 and lengths.device == buffer.device
                 and lengths.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()):
@@ -184,6 +185,6 @@ def _checked_on_host(lengths: torch.Tensor) -> bool:
 def check_nonnegative_lengths(op: str, name: str, lengths: torch.Tensor) -> None:
     """Every entry of the 1-D ``lengths`` tensor must be >= 0 (module doc: where it reads;
     :func:`host_checked`: where nothing is captured)."""
-    if _host_checked and _capturing(lengths) and _checked_on_host(lengths):
+    if getattr(_host_checked, "stack", None) and _capturing(lengths) and _checked_on_host(lengths):
         return
     require_none(lengths < 0, lambda i: negative_length_error(op, name, i, int(lengths[i])))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import math
 import operator
 import struct
 from typing import Any, Sequence
@@ -34,7 +35,8 @@ class SunkScalars:
 
     def __init__(self, program, device: torch.device) -> None:
         self.program = program
-        self.buffer = torch.zeros(len(program), dtype=torch.int64, device=device)
+        with torch.inference_mode(False):  # written in place later, in any mode
+            self.buffer = torch.zeros(len(program), dtype=torch.int64, device=device)
         self._cuda = self.buffer.device.type == "cuda"
         self._host_view = _host_view(self.buffer)
         # a device buffer's values go through one host tensor of the program's length, written
@@ -98,8 +100,12 @@ class DeviceScalars:
     def __init__(self, args: Sequence[Any], positions: Sequence[int],
                  device: torch.device) -> None:
         self.positions = tuple(positions)
-        self.tensors = [torch.empty((), dtype=args[i].dtype, device=device) for i in positions]
-        self.last: list[tuple[Any, int] | None] = [None] * len(self.positions)
+        with torch.inference_mode(False):  # written in place later, in any mode
+            self.tensors = [torch.empty((), dtype=args[i].dtype, device=device)
+                            for i in positions]
+        # per position: (the CPU tensor last copied, its version), or for an inference tensor
+        # (no version counter) (None, its value)
+        self.last: list[tuple[Any, Any] | None] = [None] * len(self.positions)
         self.copies = 0  # (diagnostics and tests)
 
     def stage(self, args: list) -> None:
@@ -111,19 +117,34 @@ class DeviceScalars:
                     raise RuntimeError(f"static launch unit: input {i} was a 0-d tensor when "
                                        f"the unit was built, got {type(arg).__name__} "
                                        f"{list(getattr(arg, 'shape', []))}")
-                # from pageable memory: staged by the driver before copy_ returns
-                self.tensors[k].copy_(arg, non_blocking=True)
-                self.last[k] = (arg, arg._version)
-                self.copies += 1
+                if arg.is_inference():  # compared by value (a CPU read, no device sync)
+                    value = arg.item()
+                    if (last is None or last[0] is not None or type(last[1]) is not type(value)
+                            or last[1] != value or _sign(last[1]) != _sign(value)):
+                        self.tensors[k].copy_(arg, non_blocking=True)
+                        self.last[k] = (None, value)
+                        self.copies += 1
+                else:
+                    # from pageable memory: staged by the driver before copy_ returns
+                    self.tensors[k].copy_(arg, non_blocking=True)
+                    self.last[k] = (arg, arg._version)
+                    self.copies += 1
             args[i] = self.tensors[k]
 
     @staticmethod
-    def positions_of(args: Sequence[Any], device: torch.device) -> list[int]:
-        """The 0-d CPU tensors of ``args`` when the unit runs on another device."""
+    def positions_of(args: Sequence[Any], device: torch.device,
+                     mutated: set[int] = frozenset()) -> list[int]:
+        """The 0-d CPU tensors of ``args`` when the unit runs on another device, but those the
+        unit writes in place (their write must reach the caller's tensor)."""
         if device.type == "cpu":
             return []
         return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
-                and a.device.type == "cpu" and a.dim() == 0]
+                and a.device.type == "cpu" and a.dim() == 0 and i not in mutated]
+
+
+def _sign(value: Any) -> float:
+    """The sign of a float, -0.0 included (0.0 == -0.0, but they divide differently)."""
+    return math.copysign(1.0, value) if isinstance(value, float) else 1.0
 
 
 def _host_view(buffer: torch.Tensor) -> memoryview | None:
@@ -158,13 +179,17 @@ class InputStager:
                 self.static.append(value)
                 continue
             size = [1 if st == 0 else sz for sz, st in zip(value.size(), value.stride())]
-            base = torch.empty_strided(size, value.stride(), dtype=value.dtype,
-                                       device=value.device)
+            with torch.inference_mode(False):  # copied into in any mode later
+                base = torch.empty_strided(size, value.stride(), dtype=value.dtype,
+                                           device=value.device)
             if size != list(value.size()):  # copy only the distinct elements of an expand
                 self.compact[i] = (base, size)
             self.static.append(base.as_strided(value.size(), value.stride()))
             self._copy_in(i, value)
         self.copies = 0  # tensors copied in since creation (diagnostics and tests)
+        # where each adopted input was when the capture read it
+        self.adopted_at = [(i, self.static[i].data_ptr(), self.static[i].stride())
+                            for i in self.adopted]
         # the usual call passes every static buffer itself (parameters, caches, adopted inputs):
         # one C-level identity test over them (stage)
         tensors = [i for i, buf in enumerate(self.static) if isinstance(buf, torch.Tensor)]
@@ -173,12 +198,12 @@ class InputStager:
                       (lambda args, t=tuple(tensors): tuple(args[i] for i in t)))
 
     def adopted_match(self, args: Sequence[Any]) -> bool:
-        """Whether every adopted input of ``args`` is the adopted tensor's memory and strides."""
-        static = self.static
-        for i in self.adopted:
-            arg, buf = args[i], static[i]
-            if arg is not buf and (arg.data_ptr() != buf.data_ptr()
-                                   or arg.stride() != buf.stride()):
+        """Whether every adopted input of ``args`` is at the adopted memory, with its strides.
+        Compared with the address the capture read, also for the very tensor adopted: its
+        storage may have been swapped since (``set_``, ``.data =``)."""
+        for i, ptr, stride in self.adopted_at:
+            arg = args[i]
+            if arg.data_ptr() != ptr or arg.stride() != stride:
                 return False
         return True
 

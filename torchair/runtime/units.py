@@ -117,7 +117,6 @@ class StaticUnit:
         # the unit's own input check when compiled without Inductor's input asserts (see
         # torchair.runtime.input_layout); None: Inductor's asserts, or no generated code
         self.layout: InputLayout | None = None
-        self._warned_copies = False
         # one call at a time: a call stages its sunk scalars into the unit's one buffer (and a
         # CUDA graph reads and writes its static buffers), so two threads sharing a compiled
         # model would read each other's lengths; uncontended, the lock costs ~0.1 us a call
@@ -154,7 +153,8 @@ class StaticUnit:
             self.sunk.checks = [check for _, check in self._host_checks]
             unit_args.append(self.sunk.stage(args))
         if self.capture == "cuda" and self.scalars is None:
-            positions = DeviceScalars.positions_of(unit_args, _device_of(unit_args))
+            positions = DeviceScalars.positions_of(unit_args, _device_of(unit_args),
+                                                   self.mutated)
             if positions:
                 self.scalars = DeviceScalars(unit_args, positions, _device_of(unit_args))
                 self.scalars.stage(unit_args)  # the engine is built for the device tensors
@@ -340,6 +340,8 @@ class StaticUnit:
         pick = _picker(keyed)
         data_ptr = torch.Tensor.data_ptr
 
+        overflow: list[_Capture] = []  # beyond MAX_CAPTURES: one capture, copied in and out
+
         def run(call_args: list) -> list:
             key = tuple(map(data_ptr, pick(call_args)))
             cap = captures.get(key)
@@ -352,19 +354,21 @@ class StaticUnit:
                                 len(captures))
                 return cap.copy_outputs(first)  # the capture's real run was this call's launch
             if cap is None:
-                cap = next(iter(captures.values()))
-                if not self._warned_copies:
-                    self._warned_copies = True
+                if not overflow:
                     logger.warning("graph %d: more than %d distinct addresses for its parameters "
                                    "or in-place inputs; the others are copied in and out around "
                                    "each replay (slow)", self.report.graph_id, MAX_CAPTURES)
+                    # on buffers of its own (nothing adopted): it serves every address
+                    cap, first = self._capture_one(engine, call_args, pool, adopt=[])
+                    overflow.append(cap)
+                    return cap.copy_outputs(first)
+                cap = overflow[0]
             while cap.stager.adopted and not cap.stager.adopted_match(call_args):
                 if cap.owned is None:
-                    # the inputs still in their adopted buffers stay adopted; the others (and
+                    # the inputs still where the capture read them stay adopted; the others (and
                     # every one, a second time down) get buffers of their own
-                    keep = ([i for i in cap.stager.adopted
-                             if call_args[i].data_ptr() == cap.stager.static[i].data_ptr()
-                             and call_args[i].stride() == cap.stager.static[i].stride()]
+                    keep = ([i for i, ptr, stride in cap.stager.adopted_at
+                             if call_args[i].data_ptr() == ptr and call_args[i].stride() == stride]
                             if cap is captures.get(key) else [])
                     cap.owned, first = self._capture_one(engine, call_args, pool, adopt=keep)
                     logger.debug("graph %d: %d input(s) on the device came in other buffers "
