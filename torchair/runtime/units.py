@@ -324,13 +324,16 @@ class StaticUnit:
     def _captured(self, engine: Engine, unit_args: list) -> Callable[[list], list]:
         """Replay of captured work, one capture per set of borrowed input addresses (parameters,
         buffers and in-place inputs of another model instance or another KV cache get their
-        own), up to ``MAX_CAPTURES``; beyond that inputs are copied in and out around a replay.
+        own), up to ``MAX_CAPTURES``; beyond that one more capture, on buffers of its own,
+        serves every other address, its inputs copied in and out around a replay.
 
         A capture reads the other inputs on the unit's device (the step's tokens, positions)
         from the tensors its first call passed (adopted, see :mod:`torchair.runtime.staging`):
         a caller that keeps its inputs in the same buffers every step has nothing copied. The
-        first call whose such input is elsewhere captures once more on owned buffers, which
-        that call and every later one like it are copied into."""
+        first call with such an input elsewhere captures once more (``_Capture.owned``): the
+        inputs still where the first capture read them stay adopted, the others get buffers of
+        their own that such calls are copied into; a call that fits neither goes one capture
+        further down, where nothing is adopted."""
         captures: dict[tuple[int, ...], _Capture] = {}
         keyed = sorted(self.borrowed | self.mutated)
         pool = None
