@@ -35,13 +35,7 @@ class Decode(torch.nn.Module):
 @pytest.mark.parametrize("run_eagerly", [True, False], ids=["fx-engine", "inductor-engine"])
 def test_path4_cuda_graph_replay_equals_eager(run_eagerly):
     device = torch.device("cuda")
-    torch.manual_seed(0)
-    model = Decode().to(device).eval()
-    twin = Decode().to(device).eval()
-    twin.load_state_dict(model.state_dict())
-    config = torchair.CompilerConfig()
-    config.debug.run_eagerly = run_eagerly
-    config.experimental_config.tiling_schedule_optimize = True
+    model, twin, config = _pair(Decode, device, run_eagerly)
     counter = CompileCounterWithBackend(torchair.get_npu_backend(compiler_config=config))
     compiled = torch.compile(model, backend=counter, dynamic=True, fullgraph=True)
     kc = torch.randn(B, S, H, device=device)
@@ -109,6 +103,14 @@ def test_inputs_in_persistent_buffers_are_read_in_place_and_new_buffers_are_copi
 def _cached(module_class, device, cache_dir, run_eagerly):
     """(model, its eager twin with the same weights, the model's forward through cache_compile
     as path 4)."""
+    model, twin, config = _pair(module_class, device, run_eagerly)
+    return model, twin, torchair.inference.cache_compile(model.forward, config=config,
+                                                         cache_dir=cache_dir)
+
+
+def _pair(module_class, device, run_eagerly):
+    """(a seeded model, its eager twin with the same weights, a path-4 config: tiling sink on,
+    the FX engine when ``run_eagerly``)."""
     torch.manual_seed(0)
     model = module_class().to(device).eval()
     twin = module_class().to(device).eval()
@@ -116,8 +118,7 @@ def _cached(module_class, device, cache_dir, run_eagerly):
     config = torchair.CompilerConfig()
     config.experimental_config.tiling_schedule_optimize = True
     config.debug.run_eagerly = run_eagerly
-    return model, twin, torchair.inference.cache_compile(model.forward, config=config,
-                                                         cache_dir=cache_dir)
+    return model, twin, config
 
 
 def check_adopted_inputs(device: torch.device, cache_dir: str, run_eagerly: bool = False) -> None:
