@@ -103,15 +103,8 @@ def _profile_counts(fn: Callable[[int], Any], steps: range, sync: Callable[[], N
                     ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """CUDA runtime calls per step of ``fn`` under torch.profiler (empty without CUDA), and the
     profiler's table of self CPU time per step (top rows)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
-                                           if torch.cuda.is_available() else [])
     sync()
-    with profile(activities=activities) as prof:
-        for i in steps:
-            fn(i)
-        sync()
+    prof = P.profile_steps(fn, steps, sync)  # (a synchronization after each step)
     counts: dict[str, float] = {}
     for event in prof.events():
         if event.name in RUNTIME_CALLS:
@@ -135,8 +128,7 @@ def _python_profile(fn: Callable[[int], Any], steps: range, sync: Callable[[], N
     sync()
     profiler.disable()
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
-    rows = [{"function": f"{file.rsplit('/', 2)[-2:] and '/'.join(file.rsplit('/', 2)[-2:])}"
-                         f":{line}({name})",
+    rows = [{"function": f"{'/'.join(file.rsplit('/', 2)[-2:])}:{line}({name})",
              "calls_per_step": calls / len(steps), "own_us_per_step": own * 1e6 / len(steps),
              "cumulative_us_per_step": cum * 1e6 / len(steps)}
             for (file, line, name), (_, calls, own, cum, _) in stats.items()]

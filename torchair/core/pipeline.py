@@ -225,7 +225,7 @@ def _static_unit(gm: fx.GraphModule, analysis: Analysis, inputs: list[InputInfo]
     # staged into a 0-d device tensor by the unit (StaticUnit: device scalars), unless the graph
     # writes it or uses it beside a 16-bit float (see _device_scalar_ok); any other CPU tensor
     # cannot be read by a captured graph
-    scalars_ok = _device_scalar_ok(gm, kept, inputs)
+    scalars_ok = _device_scalar_ok(gm, kept, inputs) if capture == "cuda" else set()
     host_inputs = [inputs[i] for i in kept if inputs[i].kind != "symint"
                    and torch.device(inputs[i].device).type == "cpu"
                    and (tuple(inputs[i].shape) or i not in scalars_ok)]

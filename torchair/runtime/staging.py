@@ -25,7 +25,7 @@ import ctypes
 import math
 import operator
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -147,6 +147,16 @@ def _sign(value: Any) -> float:
     return math.copysign(1.0, value) if isinstance(value, float) else 1.0
 
 
+def picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
+    """``args -> tuple(args[i] for i in positions)`` in one C call (itemgetter)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    if positions:
+        only = positions[0]
+        return lambda args: (args[only],)
+    return lambda args: ()
+
+
 def _host_view(buffer: torch.Tensor) -> memoryview | None:
     """An int64 memoryview of a contiguous CPU buffer's memory (the buffer, kept by its owner,
     outlives it), or None (another device or layout)."""
@@ -194,18 +204,23 @@ class InputStager:
         # one C-level identity test over them (stage)
         tensors = [i for i, buf in enumerate(self.static) if isinstance(buf, torch.Tensor)]
         self._statics = tuple(self.static[i] for i in tensors)
-        self._pick = (operator.itemgetter(*tensors) if len(tensors) > 1 else
-                      (lambda args, t=tuple(tensors): tuple(args[i] for i in t)))
+        self._pick = picker(tensors)
 
     def adopted_match(self, args: Sequence[Any]) -> bool:
         """Whether every adopted input of ``args`` is at the adopted memory, with its strides.
         Compared with the address the capture read, also for the very tensor adopted: its
         storage may have been swapped since (``set_``, ``.data =``)."""
-        for i, ptr, stride in self.adopted_at:
+        for i, ptr, stride in self.adopted_at:  # (a loop, not all(): served once a call)
             arg = args[i]
             if arg.data_ptr() != ptr or arg.stride() != stride:
                 return False
         return True
+
+    def still_adopted(self, args: Sequence[Any]) -> list[int]:
+        """The adopted inputs of ``args`` that are where the capture read them (as
+        :meth:`adopted_match` tests each)."""
+        return [i for i, ptr, stride in self.adopted_at
+                if args[i].data_ptr() == ptr and args[i].stride() == stride]
 
     def stage(self, args: Sequence[Any]) -> list[tuple[int, torch.Tensor | None]]:
         """Copy ``args`` into the static buffers. Returns what :meth:`finish` must undo: for a

@@ -28,7 +28,7 @@ from torchair.runtime.binders.attention import AttentionBinder, fia_errors
 from torchair.runtime.binders.small_products import SmallProductBinder
 from torchair.runtime.engines import Engine, fx_engine, inductor_engine
 from torchair.runtime.input_layout import InputLayout, plain_tensors
-from torchair.runtime.staging import DeviceScalars, InputStager, SunkScalars
+from torchair.runtime.staging import DeviceScalars, InputStager, SunkScalars, picker
 from torchair.runtime.unit_call import NativeEntry
 
 # the engines that compile with Inductor (which may order independent ops differently from the
@@ -340,7 +340,7 @@ class StaticUnit:
         if self.capture == "cuda":
             pool = self.pool if self.pool is not None else torch.cuda.graph_pool_handle()
 
-        pick = _picker(keyed)
+        pick = picker(keyed)
         data_ptr = torch.Tensor.data_ptr
 
         overflow: list[_Capture] = []  # beyond MAX_CAPTURES: one capture, copied in and out
@@ -370,9 +370,7 @@ class StaticUnit:
                 if cap.owned is None:
                     # the inputs still where the capture read them stay adopted; the others (and
                     # every one, a second time down) get buffers of their own
-                    keep = ([i for i, ptr, stride in cap.stager.adopted_at
-                             if call_args[i].data_ptr() == ptr and call_args[i].stride() == stride]
-                            if cap is captures.get(key) else [])
+                    keep = cap.stager.still_adopted(call_args) if cap is captures.get(key) else []
                     cap.owned, first = self._capture_one(engine, call_args, pool, adopt=keep)
                     logger.debug("graph %d: %d input(s) on the device came in other buffers "
                                  "than the first call's; captured again on buffers of its own "
@@ -412,16 +410,6 @@ class StaticUnit:
 
     def _sunk_position(self) -> set[int]:
         return {len(self.kept)} if self.program is not None else set()
-
-
-def _picker(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
-    """``args -> tuple(args[i] for i in positions)`` in one C call (itemgetter)."""
-    if len(positions) > 1:
-        return operator.itemgetter(*positions)
-    if positions:
-        only = positions[0]
-        return lambda args: (args[only],)
-    return lambda args: ()
 
 
 def _host_checked_engine(engine: Engine, buffer: torch.Tensor,

@@ -99,8 +99,9 @@ def _twin_calls(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, dict, int, int]]:
     ``gm`` whose query shape is known."""
     npu = torch.ops.npu
     fia_v2 = npu.npu_fused_infer_attention_score_v2_tensor.default
+    twins = _twins()
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target not in _twins():
+        if node.op != "call_function" or node.target not in twins:
             continue
         kw = dict(node.kwargs)
         if node.target is fia_v2:
