@@ -26,6 +26,7 @@ needs_cc = pytest.mark.skipif(not HAVE_CC, reason="no C compiler: the native ker
 def native_only(monkeypatch):
     """Force splits and threads, and fail if the BLAS path is taken."""
     monkeypatch.setattr(_decode_native, "MIN_SPLIT", 64)
+    monkeypatch.setattr(_decode_native, "MIN_SPLIT_ONE", 64)
     monkeypatch.setattr(_decode_native, "_SERIAL_WORK", 0)
 
     def no_blas(*args, **kwargs):

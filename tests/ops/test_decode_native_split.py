@@ -13,6 +13,7 @@ from _decode_check import check_cpu_kernel as _check
 from _paging import paged, to_blocks
 
 import torchair.ops  # noqa: F401  (registers the kernels)
+from torchair.ops.attention import ifa_fast
 from torchair.ops.attention.cpu import decode as _decode_cpu, native as _decode_native
 from torchair.ops.attention.incre_flash_attention import incre_flash_attention_reference
 
@@ -45,11 +46,15 @@ def native_only(monkeypatch):
 def test_work_split(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     assert _decode_native.work_split(8, 2, 500) == (2, 1)   # 8 items: no split
-    assert _decode_native.work_split(1, 2, 600) == (2, 4)   # 4 splits of >= 128 positions
-    assert _decode_native.work_split(1, 4, 400) == (2, 2)   # 3 splits of >= 128: even shares
-    assert _decode_native.work_split(3, 2, 500) == (2, 2)   # 6 items
-    assert _decode_native.work_split(1, 8, 200) == (2, 1)   # too short to split
-    assert _decode_native.work_split(1, 2, 500) == (1, 1)   # little work: one thread
+    assert _decode_native.work_split(3, 2, 500) == (2, 2)   # 3 splits of >= 128: even shares
+    assert _decode_native.work_split(2, 2, 200) == (2, 1)   # too short to split
+    # one sequence: one split per thread, of >= 64 positions
+    assert _decode_native.work_split(1, 2, 600) == (2, 2)
+    assert _decode_native.work_split(1, 2, 128) == (2, 2)
+    assert _decode_native.work_split(1, 8, 100) == (2, 1)   # too short to split
+    assert _decode_native.work_split(1, 2, 100) == (1, 1)   # little work: one thread
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)
+    assert _decode_native.work_split(1, 2, 600) == (16, 9)  # 9 splits of >= 64 positions
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert _decode_native.work_split(1, 2, 5000) == (1, 1)  # one thread: never split
 
@@ -80,6 +85,7 @@ def test_lengths_around_the_chunks(native_only, threads, monkeypatch, nkv, block
 def test_split_windows_with_a_mask_and_starts(native_only, threads, monkeypatch, batch):
     """Few sequences: windows split into several items, each over all kv heads."""
     monkeypatch.setattr(_decode_native, "MIN_SPLIT", 32)
+    monkeypatch.setattr(_decode_native, "MIN_SPLIT_ONE", 32)
     g = torch.Generator().manual_seed(batch)
     heads, nkv, seq, dim = 12, 4, 700, 32
     q = torch.randn(batch, heads, dim, generator=g)
@@ -102,19 +108,22 @@ def launch():
 
 @pytest.mark.parametrize("layout", ["BSH", "BNSD"])
 @pytest.mark.parametrize("nkv", [1, 2, 4])
-@pytest.mark.parametrize("batch", [1, 8])
-def test_launch_kernel_split(launch, threads, layout, nkv, batch):
-    """The launch kernel's C++ work split gives the Python path's bits (the twin runs the
-    Python path), the reference's values, and the same bits run to run."""
+@pytest.mark.parametrize("lengths", [[500], [130], [60], [500, 0, 1, 193, 256, 97, 512, 300]],
+                         ids=["1x500", "1x130", "1x60", "8"])
+def test_launch_kernel_split(launch, threads, layout, nkv, lengths):
+    """The launch kernel's C++ work split gives the Python path's bits (the general op, its
+    fast path off: ``native.work_split``), the twin's (which runs the launch kernel too), the
+    reference's values, and the same bits run to run. Batch 1 around the thresholds: one
+    thread, or one split per thread (1x130 with 2 kv heads or more)."""
     op, layouts = launch
     heads, seq, dim = 8, 512, 64
-    g = torch.Generator().manual_seed(nkv + batch)
+    batch = len(lengths)
+    g = torch.Generator().manual_seed(nkv + batch + lengths[0])
     q = torch.randn(batch, heads, 1, dim, generator=g)
     k = torch.randn(batch, nkv, seq, dim, generator=g)
     v = torch.randn(batch, nkv, seq, dim, generator=g)
     if layout == "BSH":
         q, k, v = (t.transpose(1, 2).reshape(batch, t.shape[2], -1) for t in (q, k, v))
-    lengths = [500, 0, 1, 193, 256, 97, 512, 300][:batch]
     lt = torch.tensor(lengths)
     out = op(q, k, v, lt, None, None, heads, nkv, layouts[layout], 0, 0.125, False)
     again = op(q, k, v, lt, None, None, heads, nkv, layouts[layout], 0, 0.125, False)
@@ -123,6 +132,11 @@ def test_launch_kernel_split(launch, threads, layout, nkv, batch):
         q, k, v, actual_seq_lengths=lt, num_heads=heads, num_key_value_heads=nkv,
         input_layout=layout, scale_value=0.125)
     assert torch.equal(out, twin)
+    with ifa_fast.disabled():
+        general = torch.ops.npu.npu_incre_flash_attention(
+            q, k, v, actual_seq_lengths=lengths, num_heads=heads, num_key_value_heads=nkv,
+            input_layout=layout, scale_value=0.125)
+    assert torch.equal(out, general)
     ref = incre_flash_attention_reference(q, k, v, actual_seq_lengths=lengths, num_heads=heads,
                                           num_key_value_heads=nkv, input_layout=layout,
                                           scale_value=0.125)

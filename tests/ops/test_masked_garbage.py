@@ -86,6 +86,7 @@ def native_only(monkeypatch):
     if not _decode_native.available():
         pytest.skip("the native decode kernel is not available (no C compiler)")
     monkeypatch.setattr(_decode_native, "MIN_SPLIT", 16)
+    monkeypatch.setattr(_decode_native, "MIN_SPLIT_ONE", 16)
     monkeypatch.setattr(_decode_native, "_SERIAL_WORK", 0)
 
     def no_blas(*a, **k):

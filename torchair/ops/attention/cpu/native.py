@@ -20,13 +20,14 @@ import torch
 from torchair.ops import _device_checks
 from torchair.ops.toolchain import native as _native
 
-__all__ = ["KINDS", "MAX_D", "MAX_G", "MIN_SPLIT", "available", "decode",
+__all__ = ["KINDS", "MAX_D", "MAX_G", "MIN_SPLIT", "MIN_SPLIT_ONE", "available", "decode",
            "kernel", "run", "work_split"]
 
 KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}  # K/V dtypes
 MAX_G, MAX_D = 64, 512  # query heads per kv head, head dim
-MIN_SPLIT = 128            # fewest positions in one split of a sequence's window
-_SERIAL_WORK = 1024        # rows x positions under which one thread is used
+MIN_SPLIT = 128            # fewest positions in one split of a sequence's window (batch > 1)
+MIN_SPLIT_ONE = 64         # ... of the one sequence of a batch-1 call
+_SERIAL_WORK = 256         # rows x positions under which one thread is used
 
 
 # every function of the library called here: a library lacking one is rebuilt or refused by load
@@ -124,14 +125,19 @@ def decode(qf: torch.Tensor, score_bias: torch.Tensor | None, scale: float,
 def work_split(batch: int, nkv: int, window: int) -> tuple[int, int]:
     """(threads, splits per sequence) for ``batch`` sequences of ``nkv`` kv heads and at most
     ``window`` positions. A work item is one split of one sequence's window, all its kv heads
-    (their K/V rows are adjacent in BSH); windows are split when there are fewer than four items
-    per thread, into splits of at least ``MIN_SPLIT`` positions and so that every thread gets as
-    many items."""
+    (their K/V rows are adjacent in BSH). One sequence is split into one equal part per thread
+    (of at least ``MIN_SPLIT_ONE`` positions): more parts only add streams to prefetch (measured
+    slower, cold KV most). Several sequences, whose windows may differ, are split when there are
+    fewer than four items per thread, into splits of at least ``MIN_SPLIT`` positions and so that
+    every thread gets as many items. Under ``_SERIAL_WORK`` rows x positions one thread runs the
+    call (measured on 2 cores: two threads gain from about 128 rows x positions on)."""
     threads = max(1, torch.get_num_threads())
     if batch * nkv * window < _SERIAL_WORK:
         threads = 1
     splits = 1
-    if threads > 1 and batch < 4 * threads:
+    if threads > 1 and batch == 1:
+        splits = max(1, min(threads, window // MIN_SPLIT_ONE))
+    elif threads > 1 and batch < 4 * threads:
         splits = max(1, min(-(-4 * threads // batch), window // MIN_SPLIT))
         while splits > 1 and (batch * splits) % threads:
             splits -= 1

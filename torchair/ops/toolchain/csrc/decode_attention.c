@@ -308,15 +308,16 @@ static inline v16 xor_max(v16 x, int k) {
  * sits in L2/L3. Batching two or four tiles before their V rows took 18-52% more again.)
  * Online softmax with a lazy max: a tile's weights are exp(score - m), m the largest score of
  * its head so far, and the sums and acc are rescaled only when a tile raises m. Lane i * GB + j
- * of a tile's vectors: position i, query head g0 + j. st: 3 * nkv * (G / GB) vectors of this
- * thread's scratch (the maxima m, the per-lane sums and the score bias, per kv head and group). */
+ * of a tile's vectors: position i, query head g0 + j. st: 4 * nkv * (G / GB) vectors of this
+ * thread's scratch (the maxima m, the per-lane sums, the score bias and the tile's scores, then
+ * weights, per kv head and group). */
 #define DEFINE_FUSED(NAME, LOAD, GB)                                                              \
 static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64_t p1, v16 *st) { \
     enum { NB = VW / GB };                                                                        \
     const int G = a->G, D = a->D, nkv = a->nkv, ng = G / GB;                                      \
     const int64_t hs = a->sh * a->esize;                                                          \
     const v16 zero = {0}, lowest = zero - FLT_MAX;                                                \
-    v16 *mv = st, *lv = st + nkv * ng, *bias = st + 2 * nkv * ng;                                 \
+    v16 *mv = st, *lv = st + nkv * ng, *bias = st + 2 * nkv * ng, *tile = st + 3 * nkv * ng;     \
     for (int i = 0; i < nkv * ng; i++) {                                                          \
         mv[i] = lowest, lv[i] = zero, bias[i] = zero;                                             \
         if (a->bias)  /* row r = b * nkv + i / ng, heads (i % ng) * GB + l % GB */                \
@@ -324,7 +325,6 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
                 bias[i][l] = a->bias[(int64_t)(b * nkv + i / ng) * G + (i % ng) * GB + l % GB];   \
     }                                                                                             \
     int64_t off[CH];                                                                              \
-    float eb[VW] __attribute__((aligned(64)));                                                    \
     for (int64_t c0 = p0; c0 < p1; c0 += CH) {                                                    \
         const int w = (int)(p1 - c0 < CH ? p1 - c0 : CH);                                         \
         for (int n = 0; n < w; n++) off[n] = row_off(a, b, c0 + n);                               \
@@ -351,40 +351,61 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
                 int64_t o = off[n + (i < nb ? i : 0)];                                            \
                 kr[i] = a->k + o, vr[i] = a->v + o;                                               \
             }                                                                                     \
+            /* three passes over the tile's (kv head, head group) pairs, so that the pairs'       \
+             * dependency chains (scores, reduction, exp, weighted V) sit side by side: the       \
+             * scores; the softmax (maxima, sums, rescaling); the weighted V rows */              \
+            int full = nb == NB;  /* every position of the tile kept */                           \
+            for (int i = 0; i < NB; i++) full &= keep[i];                                         \
             for (int h = 0; h < nkv; h++) {                                                       \
-                const int r = b * nkv + h;                                                        \
-                const int64_t it = (int64_t)r * a->splits + s;                                    \
-                float *acc = a->part_acc + it * G * D;                                            \
-                const float *q = a->q + (int64_t)r * G * D;                                       \
+                const float *q = a->q + (int64_t)(b * nkv + h) * G * D;                           \
                 for (int g0 = 0; g0 < G; g0 += GB) {                                              \
                     v16 sc = SCORE_TILE(LOAD, GB, NB, kr, h * hs, q, g0, D);                      \
                     const v16 bv = bias[h * ng + g0 / GB];                                        \
-                    sc = vsel(valid, (sc + bv) * a->scale, lowest);                               \
-                    v16 *m = mv + h * ng + g0 / GB;                                               \
+                    tile[h * ng + g0 / GB] = vsel(valid, (sc + bv) * a->scale, lowest);           \
+                }                                                                                 \
+            }                                                                                     \
+            for (int h = 0; h < nkv; h++) {                                                       \
+                float *acc = a->part_acc + ((int64_t)(b * nkv + h) * a->splits + s) * G * D;      \
+                for (int g0 = 0; g0 < G; g0 += GB) {                                              \
+                    const int x = h * ng + g0 / GB;                                               \
+                    const v16 sc = tile[x];                                                       \
+                    v16 *m = mv + x;                                                              \
                     if (any_gt(sc, *m)) {  /* a new max: rescale what was summed against it */    \
                         v16 tm = sc;                                                              \
                         for (int k = GB; k < VW; k *= 2) tm = xor_max(tm, k);                     \
                         v16 mnew = vmax(tm, *m), alpha = vexp(*m - mnew);                         \
                         *m = mnew;                                                                \
-                        lv[h * ng + g0 / GB] *= alpha;                                            \
+                        lv[x] *= alpha;                                                           \
                         for (int j = 0; j < GB; j++)                                              \
                             if (alpha[j] != 1.0f)                                                 \
                                 for (int d = 0; d < D; d += VW)                                   \
                                     *(v16u *)(acc + (int64_t)(g0 + j) * D + d) *= alpha[j];       \
                     }                                                                             \
-                    const v16 e = vsel(valid, vexp(sc - *m), zero);                               \
-                    lv[h * ng + g0 / GB] += e;                                                    \
-                    /* masked positions: weight 0, but 0 * NaN = NaN: their V rows are never read */ \
-                    *(v16 *)eb = e;                                                               \
+                    /* the tile's weights replace its scores */                                   \
+                    tile[x] = vsel(valid, vexp(sc - *m), zero);                                   \
+                    lv[x] += tile[x];                                                             \
+                }                                                                                 \
+            }                                                                                     \
+            /* masked positions: weight 0, but 0 * NaN = NaN: their V rows are never read */      \
+            for (int h = 0; h < nkv; h++) {                                                       \
+                float *acc = a->part_acc + ((int64_t)(b * nkv + h) * a->splits + s) * G * D;      \
+                for (int g0 = 0; g0 < G; g0 += GB) {                                              \
+                    const v16 e = tile[h * ng + g0 / GB];                                         \
                     for (int d = 0; d < D; d += VW) {                                             \
                         v16 rr[GB];                                                               \
                         for (int j = 0; j < GB; j++)                                              \
                             rr[j] = *(v16u *)(acc + (int64_t)(g0 + j) * D + d);                   \
-                        for (int i = 0; i < NB; i++) {                                            \
-                            if (!keep[i]) continue;                                               \
-                            const v16 x = LOAD(vr[i] + h * hs, d);                                \
-                            for (int j = 0; j < GB; j++) rr[j] += eb[i * GB + j] * x;             \
-                        }                                                                         \
+                        if (full)  /* (two loops: the compiler keeps the test out of the first) */ \
+                            for (int i = 0; i < NB; i++) {                                        \
+                                const v16 x = LOAD(vr[i] + h * hs, d);                            \
+                                for (int j = 0; j < GB; j++) rr[j] += e[i * GB + j] * x;          \
+                            }                                                                     \
+                        else                                                                      \
+                            for (int i = 0; i < NB; i++) {                                        \
+                                if (!keep[i]) continue;                                           \
+                                const v16 x = LOAD(vr[i] + h * hs, d);                            \
+                                for (int j = 0; j < GB; j++) rr[j] += e[i * GB + j] * x;          \
+                            }                                                                     \
                         for (int j = 0; j < GB; j++)                                              \
                             *(v16u *)(acc + (int64_t)(g0 + j) * D + d) = rr[j];                   \
                     }                                                                             \
@@ -644,10 +665,10 @@ int torchair_decode_attention(const float *q, const float *bias, const void *k, 
     if (nthreads > items) nthreads = items;
     if (nthreads < 1) nthreads = 1;
     /* per thread: the chunked kernel's scores [nkv * G][sw] and bf16 query [nkv * G * D] (in
-     * 64-byte units), or from the start the one-pass kernel's maxima, sums and biases (3 vectors
-     * per head); both sizes are added, a few KiB */
+     * 64-byte units), or from the start the one-pass kernel's maxima, sums, biases and tile (4
+     * vectors per head); both sizes are added, a few KiB */
     const int64_t per = (int64_t)nkv * G * a.sw + ((int64_t)nkv * G * D + 31) / 32 * 16
-                        + 3 * (int64_t)nkv * G * VW;
+                        + 4 * (int64_t)nkv * G * VW;
     float *work = aligned_alloc(64, (size_t)(nthreads * per) * sizeof(float));
     if (!work) return -1;
     /* OpenMP: in a PyTorch process this is PyTorch's own runtime and thread pool (libgomp is

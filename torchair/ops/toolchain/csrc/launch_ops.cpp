@@ -97,7 +97,8 @@ void uncount_pending() { __atomic_sub_fetch(&torchair_launch_pending, 1, __ATOMI
 }
 
 constexpr int kMaxG = 64, kMaxD = 512;
-constexpr int64_t kMinSplit = 128, kSerialWork = 1024;  // as torchair.ops.attention.cpu.native
+// as torchair.ops.attention.cpu.native's MIN_SPLIT, MIN_SPLIT_ONE and _SERIAL_WORK
+constexpr int64_t kMinSplit = 128, kMinSplitOne = 64, kSerialWork = 256;
 const char *kOp = "npu_incre_flash_attention";
 
 // Everything the kernel needs that the shapes decide.
@@ -225,7 +226,9 @@ void work_split(int64_t batch, int64_t nkv, int64_t window, int64_t *threads, in
   *threads = std::max<int64_t>(1, at::get_num_threads());
   if (batch * nkv * window < kSerialWork) *threads = 1;
   *splits = 1;
-  if (*threads > 1 && batch < 4 * *threads) {
+  if (*threads > 1 && batch == 1) {
+    *splits = std::max<int64_t>(1, std::min(*threads, window / kMinSplitOne));
+  } else if (*threads > 1 && batch < 4 * *threads) {
     *splits =
         std::max<int64_t>(1, std::min((4 * *threads + batch - 1) / batch, window / kMinSplit));
     while (*splits > 1 && (batch * *splits) % *threads) --*splits;
