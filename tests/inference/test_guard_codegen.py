@@ -9,6 +9,7 @@ import torch
 import torchair
 from torchair.inference import cache_compile
 from torchair.inference.guards import codegen as guard_codegen
+from torchair.runtime import unit_call
 
 
 class _Many(torch.nn.Module):
@@ -73,6 +74,9 @@ def test_generated_check_agrees_with_the_general_check(tmp_path):
     program = guards.program
     assert program is not None, "the generator covers these guards"
     assert "per_call" in program.source and "L[" not in program.source
+    helper = unit_call.state_watch()
+    if helper is not None:  # the no-aliasing guard as one C call (the aliasing case below)
+        assert any(v is helper.distinct for v in program.__globals__.values())
     served = 0
     for args, expected in calls:
         frame = cached.frame(args, {})

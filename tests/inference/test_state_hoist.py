@@ -305,3 +305,44 @@ def test_the_watch_sees_each_kind_of_change():
     assert helper.watch((), (), ((obj, {}),)) is None  # not the object's __dict__
     with pytest.raises(TypeError, match="dict"):
         helper.watch((torch.nn.ParameterDict(),), (), ())
+
+
+def test_distinct_is_the_no_aliasing_guard():
+    """``distinct(*objects)``: the generated check's form of Dynamo's ``check_no_aliasing``
+    (objects, not storages: two views of one tensor are distinct), the same answer as the
+    general check's ``len({id(...)}) == n``."""
+    distinct = unit_call.state_watch().distinct
+    a, b = torch.zeros(2), torch.zeros(2)
+    view = a.view(2)
+    for objects in [(), (a,), (a, b), (a, view), (a, b, a), (b, a, b, view), (a, a)]:
+        assert distinct(*objects) == (len({id(o) for o in objects}) == len(objects))
+    many = [torch.zeros(1) for _ in range(40)]
+    assert distinct(*many)
+    assert not distinct(*many, many[17])
+
+
+@pytest.mark.parametrize("impl", ["c", "python"])
+def test_replace_same_swaps_all_or_nothing(impl):
+    """``replace_same`` (C, and the Python fallback of ``_cache_runtime``): the numbers a served
+    call passes are swapped for their tensors only when every one is the very object recorded."""
+    from torchair.inference._cache_runtime import _replace_same_py
+
+    replace = unit_call.state_watch().replace_same if impl == "c" else _replace_same_py
+    eps, scale = 1e-6, 0.5
+    t_eps, t_scale = torch.tensor(eps), torch.tensor(scale)
+    flat = ["x", eps, "y", scale]
+    assert replace(flat, (1, 3), (eps, scale), (t_eps, t_scale))
+    assert flat[1] is t_eps and flat[3] is t_scale and flat[0] == "x" and flat[2] == "y"
+    equal_not_same = float("1e-6")  # an equal number, another object: not swapped
+    flat = ["x", equal_not_same, "y", scale]
+    assert not replace(flat, (1, 3), (eps, scale), (t_eps, t_scale))
+    assert flat == ["x", equal_not_same, "y", scale]  # nothing changed, not even slot 1
+    flat = ["x", eps, "y", 0.25]
+    assert not replace(flat, (1, 3), (eps, scale), (t_eps, t_scale))
+    assert flat[1] is eps
+    assert replace([], (), (), ())
+    if impl == "c":
+        with pytest.raises(IndexError):
+            replace(["x"], (3,), (eps,), (t_eps,))
+        with pytest.raises(ValueError):
+            replace(["x", eps], (1,), (eps, scale), (t_eps,))

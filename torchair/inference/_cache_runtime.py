@@ -147,12 +147,15 @@ class _NumberInputs:
     only for the inputs the unit writes (``written``; None: not known, all of them). Anything
     else goes through each :class:`_NumberInput`."""
 
-    __slots__ = ("items", "keys", "last", "written")
+    __slots__ = ("items", "keys", "last", "replace", "written")
 
     def __init__(self, wraps: dict[int, _NumberInput], written: set | None = None) -> None:
         self.items = tuple(wraps.items())
         self.keys = tuple(wraps)
         self.written = written
+        # the identity test and the swap in one C call where the helper is built
+        self.replace = (getattr(state_watch(), "replace_same", None) if wraps else None
+                        ) or _replace_same_py
         # (numbers, tensors, (tensor, version) of those the unit may write) of the last call when
         # every tensor may be reused (none is handed back to the caller); one tuple store, so
         # threads see a whole one
@@ -164,16 +167,11 @@ class _NumberInputs:
         last = self.last
         if last is not None:
             numbers, tensors, versions = last
-            for k, number in zip(self.keys, numbers):
-                if flat[k] is not number:
+            for tensor, version in versions:
+                if tensor._version != version:
                     break
             else:
-                for tensor, version in versions:
-                    if tensor._version != version:
-                        break
-                else:
-                    for k, tensor in zip(self.keys, tensors):
-                        flat[k] = tensor
+                if self.replace(flat, self.keys, numbers, tensors):
                     return True
         numbers = tuple(flat[k] for k in self.keys)
         for k, wrap in self.items:
@@ -186,6 +184,18 @@ class _NumberInputs:
                 (t, t._version) for k, t in zip(self.keys, tensors)
                 if written is None or k in written))
         return False
+
+
+def _replace_same_py(values: list, indices: tuple, old: tuple, new: tuple) -> bool:
+    """``csrc/state_watch.c``'s ``replace_same`` where it is not built: when every
+    ``values[indices[i]]`` is ``old[i]``, put ``new[i]`` there and return True; else False."""
+    for i, value in zip(indices, old):
+        if values[i] is not value:
+            return False
+    for i, value in zip(indices, new):
+        values[i] = value
+    return True
+
 
 
 def _written_inputs(unit: dict) -> set | None:

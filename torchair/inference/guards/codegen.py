@@ -38,6 +38,7 @@ from torchair.inference.guards.hoist import ATTR, ITEM, StateHoist, available
 from torchair.inference.guards.objects import ObjIs, TypeIs
 from torchair.inference.guards.sources import Globals, Sources
 from torchair.inference.guards.tensors import DISPATCH_TLS, TensorMemo
+from torchair.runtime.unit_call import state_watch
 
 __all__ = ["ENV_CODEGEN", "NotGenerated", "PerCallChecks", "per_call_program"]
 
@@ -214,6 +215,10 @@ class _Writer:
         func = node.func
         name = ast.unparse(func)
         if name == "check_no_aliasing" and not node.keywords:
+            distinct = getattr(state_watch(), "distinct", None)
+            if distinct is not None:  # one C call (csrc/state_watch.c)
+                return (f"{self.bind(distinct, 'f')}("
+                        + ", ".join(self.expr(a) for a in node.args) + ")")
             ids = ", ".join(f"{self.bind(id)}({self.expr(a)})" for a in node.args)
             return f"({self.bind(len)}({{{ids}}}) == {self.bind(len(node.args))})"
         if name == "___dict_contains" and len(node.args) == 2 and not node.keywords:

@@ -21,7 +21,14 @@
  *     every owner its dict;
  *   first_with(values, indices, name) -> the first index i of indices whose values[i] has an
  *     attribute `name` that is not None (as getattr(values[i], name, None)), else -1: a served
- *     call's check that no argument tensor carries set_dim_gears marks, in one loop.
+ *     call's check that no argument tensor carries set_dim_gears marks, in one loop;
+ *   distinct(*objects) -> whether no two arguments are the same object (as
+ *     len({id(o) for o in objects}) == len(objects)): Dynamo's no-aliasing guard on a call's
+ *     tensors in one call, not a set of ids built by the interpreter;
+ *   replace_same(values, indices, old, new) -> when values[indices[i]] is old[i] for every i,
+ *     puts new[i] there and returns True; else changes nothing and returns False: a served call
+ *     swaps the numbers it passes as 0-d tensors (a norm's eps, the same float object every
+ *     call) for the tensors made for them last time, in one call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -190,7 +197,59 @@ static PyObject *first_with(PyObject *self, PyObject *args) {
     return PyLong_FromLong(-1);
 }
 
+static PyObject *distinct(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    (void)self;
+    for (Py_ssize_t i = 1; i < n; i++)  /* a call's tensors: a few dozen at most */
+        for (Py_ssize_t j = 0; j < i; j++)
+            if (args[i] == args[j]) Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
+/* values[indices[j]], with indices[j] checked against the list's length; NULL on error */
+static PyObject *item_at(PyObject *values, PyObject *indices, Py_ssize_t j, Py_ssize_t *at) {
+    Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(indices, j));
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0 || i >= PyList_GET_SIZE(values)) {
+        PyErr_SetString(PyExc_IndexError, "replace_same: index out of range");
+        return NULL;
+    }
+    *at = i;
+    return PyList_GET_ITEM(values, i);
+}
+
+static PyObject *replace_same(PyObject *self, PyObject *args) {
+    PyObject *values, *indices, *old, *new_;
+    Py_ssize_t at;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!", &PyList_Type, &values, &PyTuple_Type, &indices,
+                          &PyTuple_Type, &old, &PyTuple_Type, &new_))
+        return NULL;
+    const Py_ssize_t n = PyTuple_GET_SIZE(indices);
+    if (PyTuple_GET_SIZE(old) != n || PyTuple_GET_SIZE(new_) != n) {
+        PyErr_SetString(PyExc_ValueError, "replace_same: indices, old and new differ in length");
+        return NULL;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *item = item_at(values, indices, j, &at);
+        if (item == NULL) return NULL;
+        if (item != PyTuple_GET_ITEM(old, j)) Py_RETURN_FALSE;
+    }
+    /* nothing above runs Python code, so the list is as checked */
+    for (Py_ssize_t j = 0; j < n; j++) {
+        if (item_at(values, indices, j, &at) == NULL) return NULL;
+        PyObject *value = PyTuple_GET_ITEM(new_, j);
+        Py_INCREF(value);
+        /* steals the reference; the old item is old[j], which `old` keeps alive */
+        PyList_SetItem(values, at, value);
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
+    {"replace_same", replace_same, METH_VARARGS,
+     "put new[i] at values[indices[i]] when every one holds old[i]"},
+    {"distinct", (PyCFunction)(void (*)(void))distinct, METH_FASTCALL,
+     "whether no two arguments are the same object"},
     {"first_with", first_with, METH_VARARGS, "the first value with a non-None attribute, or -1"},
     {"watch", watch, METH_VARARGS, "the version tags of dicts and the types of objects (a capsule)"},
     {"unchanged", unchanged, METH_O, "whether a watch's dicts and objects are as recorded"},
