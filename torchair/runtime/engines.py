@@ -247,6 +247,33 @@ def plain_aot_call(meta: Any, placeholders: int, n_inputs: int, autocast: bool, 
     return tuple(getattr(meta, "mutated_graph_handled_indices_seen_by_autograd", ()) or ())
 
 
+# fewest elements of a static unit's C++ kernel run on several threads (Inductor's own rule
+# asks only cpp.min_chunk_size = 512 per thread: 1024 elements on 2 threads); see
+# unit_parallel_options
+UNIT_PARALLEL_ELEMENTS = 16384
+ENV_INDUCTOR_MIN_CHUNK = "TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE"
+
+
+def unit_parallel_options(threads: int | None = None) -> dict[str, int]:
+    """Inductor options for a static unit's C++ kernels: a kernel runs on several threads only
+    from :data:`UNIT_PARALLEL_ELEMENTS` elements on, not from 512 per thread. A decode step's
+    kernels (norms, rotary, SwiGLU's product on a few rows) each take a microsecond or two on
+    one thread, about what opening and joining a parallel region costs: at batch 8 on two
+    threads Inductor made 7 of the bench decoder's 7 kernels parallel, with this 1 (measured:
+    3-12 us less a step, one process, interleaved). The threshold is a total, so many threads
+    keep Inductor's 512 per thread. {} when the user set ``$TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE``
+    (theirs holds) or Inductor's value is already larger."""
+    if ENV_INDUCTOR_MIN_CHUNK in os.environ:
+        return {}
+    import torch._inductor.config as inductor_config
+
+    threads = max(1, torch.get_num_threads() if threads is None else threads)
+    chunk = UNIT_PARALLEL_ELEMENTS // threads
+    if chunk <= inductor_config.cpp.min_chunk_size:
+        return {}
+    return {"cpp.min_chunk_size": chunk}
+
+
 def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, static: bool,
              cpp_wrapper: bool, size_asserts: bool = True) -> tuple[Callable, bool, Callable | None]:
     """(compiled callable, whether it has Inductor's C++ wrapper, the compiled graph to call
@@ -269,6 +296,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, stati
                 stack.enter_context(inductor_config.patch(cpp_wrapper=True))
             if not size_asserts:
                 stack.enter_context(inductor_config.patch(size_asserts=False))
+            if static:
+                stack.enter_context(inductor_config.patch(unit_parallel_options()))
             if static:  # AOT's own cache would hand back a wrapped function without calling
                 # inner_compile; Inductor's FX-graph cache (inside it) still serves a rebuild
                 stack.enter_context(_patch_functorch(enable_autograd_cache=False))
@@ -437,7 +466,8 @@ def aot_engine(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, dir
             with progress(f"{what}: compiling a shared library with AOTInductor"), \
                     blas_strides():
                 aot_compile(_tuple_output(_for_inductor(gm, True, what)), tuple(example_inputs),
-                            options={"aot_inductor.output_path": library})
+                            options={"aot_inductor.output_path": library,
+                                     **unit_parallel_options()})
             files = {LIBRARY: os.path.join(out, LIBRARY)}
             shutil.move(library, files[LIBRARY])
             calls = sorted(pathlib.Path(tmp).glob("*.wrapper.json"))
