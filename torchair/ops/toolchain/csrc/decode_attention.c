@@ -390,7 +390,9 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
             for (int h = 0; h < nkv; h++) {                                                       \
                 float *acc = a->part_acc + ((int64_t)(b * nkv + h) * a->splits + s) * G * D;      \
                 for (int g0 = 0; g0 < G; g0 += GB) {                                              \
-                    const v16 e = tile[h * ng + g0 / GB];                                         \
+                    /* the weights read from memory: each FMA broadcasts its weight from there  \
+                     * (AVX-512: one instruction), not from a register lane (two) */             \
+                    const float *e = (const float *)&tile[h * ng + g0 / GB];                      \
                     for (int d = 0; d < D; d += VW) {                                             \
                         v16 rr[GB];                                                               \
                         for (int j = 0; j < GB; j++)                                              \
