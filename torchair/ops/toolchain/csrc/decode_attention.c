@@ -325,11 +325,26 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
                 bias[i][l] = a->bias[(int64_t)(b * nkv + i / ng) * G + (i % ng) * GB + l % GB];   \
     }                                                                                             \
     int64_t off[CH];                                                                              \
+    /* dense, every kv head of a position and the positions themselves adjacent: the rows ahead \
+     * are one run of `run` bytes per position */                                               \
+    const int64_t run = !a->table && !a->table32 && a->sh == D && a->sp == (int64_t)nkv * D     \
+                        ? (int64_t)nkv * D * a->esize : 0;                                        \
     for (int64_t c0 = p0; c0 < p1; c0 += CH) {                                                    \
         const int w = (int)(p1 - c0 < CH ? p1 - c0 : CH);                                         \
         for (int n = 0; n < w; n++) off[n] = row_off(a, b, c0 + n);                               \
         const uint8_t *drop = a->mask ? a->mask + b * a->mask_stride + c0 : NULL;                 \
         for (int n = 0; n < w; n += NB) {                                                         \
+            if (run) {                                                                            \
+                const int64_t i0 = c0 + n + TILE_AHEAD;                                           \
+                const int64_t i1 = i0 + NB < p1 ? i0 + NB : p1;                                   \
+                if (i0 < i1) {                                                                    \
+                    const int64_t o0 = row_off(a, b, i0), len = (i1 - i0) * run;                  \
+                    for (int64_t o = 0; o < len; o += 64) {                                       \
+                        __builtin_prefetch(a->k + o0 + o);                                        \
+                        __builtin_prefetch(a->v + o0 + o);                                        \
+                    }                                                                             \
+                }                                                                                 \
+            } else                                                                                \
             for (int64_t i = c0 + n + TILE_AHEAD; i < c0 + n + TILE_AHEAD + NB && i < p1; i++) {  \
                 const int64_t o = row_off(a, b, i);                                               \
                 prefetch_heads(a, a->k + o, nkv);                                                 \
