@@ -259,8 +259,8 @@ def unit_parallel_options(threads: int | None = None) -> dict[str, int]:
     from :data:`UNIT_PARALLEL_ELEMENTS` elements on, not from 512 per thread. A decode step's
     kernels (norms, rotary, SwiGLU's product on a few rows) each take a microsecond or two on
     one thread, about what opening and joining a parallel region costs: at batch 8 on two
-    threads Inductor made 7 of the bench decoder's 7 kernels parallel, with this 1 (measured:
-    3-12 us less a step, one process, interleaved). The threshold is a total, so many threads
+    threads Inductor made all 7 of the bench decoder's kernels parallel, with this none
+    (measured: 3-12 us less a step, one process, interleaved). The threshold is a total, so many threads
     keep Inductor's 512 per thread. {} when the user set ``$TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE``
     (theirs holds) or Inductor's value is already larger."""
     if ENV_INDUCTOR_MIN_CHUNK in os.environ:
@@ -298,7 +298,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], what: str, stati
                 stack.enter_context(inductor_config.patch(size_asserts=False))
             if static:
                 stack.enter_context(inductor_config.patch(unit_parallel_options()))
-            if static:  # AOT's own cache would hand back a wrapped function without calling
+                # AOT's own cache would hand back a wrapped function without calling
                 # inner_compile; Inductor's FX-graph cache (inside it) still serves a rebuild
                 stack.enter_context(_patch_functorch(enable_autograd_cache=False))
             compiled = compile_fx(_for_inductor(gm, static, what), _static_fakes(example_inputs),
