@@ -266,8 +266,13 @@ static void pv_##NAME##_##GB(const args_t *a, const char *vb, const int64_t *off
     }                                                                                             \
 }
 
-#ifndef TILE_AHEAD
-#define TILE_AHEAD 8  /* positions the one-pass kernel prefetches K and V ahead (measured best) */
+#ifndef AHEAD_BYTES
+/* how far ahead the one-pass kernel prefetches K and V, in bytes of a position's rows (all kv
+ * heads), rounded to whole positions, at least one tile. Measured on the 2-core EPYC (cold KV,
+ * batch 8, GQA 4:1, float32), us per call: 4 positions ahead against 8 at head dim 64 (2 KiB):
+ * 98-125 against 101-130, also 2-3% in cache; at dim 128 4 (4 KiB) against 8: 246 against 260;
+ * at dim 32 8 (2 KiB) against 4: 113-114 against 116-118. */
+#define AHEAD_BYTES 2048
 #endif
 /* max of lanes l and l ^ k: combines the lanes of one head across a tile's positions */
 #if VW == 16
@@ -300,7 +305,7 @@ static inline v16 xor_max(v16 x, int k) {
 /* One pass over a work item (sequence b, split s, positions [p0, p1)), tile by tile: a tile is
  * NB = VW / GB positions of every kv head, and each (kv head, group of GB query heads) of the
  * tile gets its scores (one register tile, as qk_*), softmax and output (acc += weights x V)
- * before the next tile, while the K and V rows TILE_AHEAD positions on are prefetched: the reads
+ * before the next tile, while the K and V rows AHEAD_BYTES on are prefetched: the reads
  * are spread evenly over the work and the memory streams while it computes. (Measured on a 2-core
  * EPYC, batch 8, 500 positions, GQA 4:1, D 64: the chunked kernel (attend), which reads a chunk's
  * K and then its V from cache, took its arithmetic time plus its read time, with the memory idle
@@ -329,13 +334,15 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
      * are one run of `run` bytes per position */                                               \
     const int64_t run = !a->table && !a->table32 && a->sh == D && a->sp == (int64_t)nkv * D     \
                         ? (int64_t)nkv * D * a->esize : 0;                                        \
+    const int64_t row_all = (int64_t)nkv * D * a->esize;  /* bytes of a position, all heads */   \
+    const int64_t ahead = AHEAD_BYTES / row_all > NB ? AHEAD_BYTES / row_all : NB;                \
     for (int64_t c0 = p0; c0 < p1; c0 += CH) {                                                    \
         const int w = (int)(p1 - c0 < CH ? p1 - c0 : CH);                                         \
         for (int n = 0; n < w; n++) off[n] = row_off(a, b, c0 + n);                               \
         const uint8_t *drop = a->mask ? a->mask + b * a->mask_stride + c0 : NULL;                 \
         for (int n = 0; n < w; n += NB) {                                                         \
             if (run) {                                                                            \
-                const int64_t i0 = c0 + n + TILE_AHEAD;                                           \
+                const int64_t i0 = c0 + n + ahead;                                                \
                 const int64_t i1 = i0 + NB < p1 ? i0 + NB : p1;                                   \
                 if (i0 < i1) {                                                                    \
                     const int64_t o0 = row_off(a, b, i0), len = (i1 - i0) * run;                  \
@@ -345,7 +352,7 @@ static void fused_##NAME##_##GB(const args_t *a, int b, int s, int64_t p0, int64
                     }                                                                             \
                 }                                                                                 \
             } else                                                                                \
-            for (int64_t i = c0 + n + TILE_AHEAD; i < c0 + n + TILE_AHEAD + NB && i < p1; i++) {  \
+            for (int64_t i = c0 + n + ahead; i < c0 + n + ahead + NB && i < p1; i++) {            \
                 const int64_t o = row_off(a, b, i);                                               \
                 prefetch_heads(a, a->k + o, nkv);                                                 \
                 prefetch_heads(a, a->v + o, nkv);                                                 \
