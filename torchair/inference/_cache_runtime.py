@@ -197,7 +197,6 @@ def _replace_same_py(values: list, indices: tuple, old: tuple, new: tuple) -> bo
     return True
 
 
-
 def _written_inputs(unit: dict) -> set | None:
     """Graph inputs the launch unit writes in place (None: not known, for a host-scheduled unit)."""
     if unit["kind"] == "static":

@@ -260,9 +260,9 @@ def unit_parallel_options(threads: int | None = None) -> dict[str, int]:
     kernels (norms, rotary, SwiGLU's product on a few rows) each take a microsecond or two on
     one thread, about what opening and joining a parallel region costs: at batch 8 on two
     threads Inductor made all 7 of the bench decoder's kernels parallel, with this none
-    (measured: 3-12 us less a step, one process, interleaved). The threshold is a total, so many threads
-    keep Inductor's 512 per thread. {} when the user set ``$TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE``
-    (theirs holds) or Inductor's value is already larger."""
+    (measured: 3-12 us less a step, one process, interleaved). The threshold is a total, so
+    many threads keep Inductor's 512 per thread. {} when the user set
+    ``$TORCHINDUCTOR_CPP_MIN_CHUNK_SIZE`` (theirs holds) or Inductor's value is already larger."""
     if ENV_INDUCTOR_MIN_CHUNK in os.environ:
         return {}
     import torch._inductor.config as inductor_config

@@ -97,9 +97,8 @@ def _dims(node: fx.Node, layout: str) -> tuple[int, int] | None:
 def _twin_calls(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, dict, int, int]]:
     """``(node, kwargs in v1's names, B, S_q)`` of every IFA / FIA / FIA v2 tensor-twin call of
     ``gm`` whose query shape is known."""
-    npu = torch.ops.npu
-    fia_v2 = npu.npu_fused_infer_attention_score_v2_tensor.default
     twins = _twins()
+    fia_v2 = twins[2]
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in twins:
             continue
@@ -123,7 +122,7 @@ def _twins() -> tuple:
 
 def _slots(node: fx.Node, kw: dict) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """The sunk buffer slots of the call's KV lengths and (FIA) query lengths."""
-    ifa = node.target is torch.ops.npu.npu_incre_flash_attention_tensor.default
+    ifa = node.target is _twins()[0]
     kv_slots = sunk_slots(kw.get("actual_seq_lengths" if ifa else "actual_seq_lengths_kv"))
     q_slots = None if ifa else sunk_slots(kw.get("actual_seq_lengths"))
     return kv_slots, q_slots
@@ -134,9 +133,7 @@ def host_list_checks(gm: fx.GraphModule, captured: bool = False) -> list[tuple[s
     lengths were host lists (module doc); ``check(values)`` takes the sunk buffer's host values
     and raises eager's ValueError. ``captured``: the checks of a unit that captures its launch
     (module doc), which also check negative KV lengths."""
-    npu = torch.ops.npu
-    ifa = npu.npu_incre_flash_attention_tensor.default
-    fia = npu.npu_fused_infer_attention_score_tensor.default
+    ifa, fia, _ = _twins()
     checks: list[tuple[str, Check]] = []
     for node, kw, batch, q_len in _twin_calls(gm):
         paged = _paged(node.args, kw)
