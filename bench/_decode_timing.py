@@ -16,7 +16,17 @@ import torch
 
 import torchair  # (registers torch.ops.npu.*)
 from bench import _harness as H, _profile as P
-from bench._decode_variants import DYNAMO_FLOOR, FLOOR, THROUGH_DYNAMO, DynamoFloor, make_variant, reset_caches
+from bench._decode_variants import (
+    ATTN,
+    DYNAMO_FLOOR,
+    FLOOR,
+    GEMV_ATTN,
+    THROUGH_DYNAMO,
+    AttentionCalls,
+    DynamoFloor,
+    make_variant,
+    reset_caches,
+)
 from bench.model import ModelConfig, StepInput, make_schedule, seeded_decoder
 from torchair.demo.roofline import GemvFloor, floor_us, kv_read_bytes, read_bandwidth, x_floor
 
@@ -132,12 +142,19 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
                 dynamo_floor(s)
             fns[DYNAMO_FLOOR] = lambda i: dynamo_floor(schedule[i])
             recompiles[DYNAMO_FLOOR] = 0
+        attention = None
+        if args.decompose:
+            attention = AttentionCalls(cfg, init_k, init_v, schedule)
+            attention(schedule[0])  # first call outside the timing
+            fns[ATTN] = lambda i: attention(schedule[i])
+            fns[GEMV_ATTN] = lambda i: (gemv(), attention(schedule[i]))
+            recompiles[ATTN] = recompiles[GEMV_ATTN] = 0
         bandwidth = [read_bandwidth(device, sync=sync)]
         t0 = time.perf_counter()
         rounds = H.interleaved_rounds(fns, steps_of_round, args.rounds, sync,
                                       before_round=recompile_rounds.before_round,
                                       after_round=recompile_rounds.after_round)
-        floors = [name for name in (FLOOR, DYNAMO_FLOOR) if name in fns]
+        floors = [name for name in (FLOOR, DYNAMO_FLOOR, ATTN, GEMV_ATTN) if name in fns]
         print(f"  timed {args.rounds} rounds x {args.steps} steps x {len(fns) - len(floors)} "
               f"variants and {len(floors)} floor row(s) ({', '.join(floors)}) in "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
@@ -146,6 +163,9 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
         recompiles.pop(FLOOR, None)
         dynamo_rounds = rounds.pop(DYNAMO_FLOOR, None)
         dynamo_recompiles = recompiles.pop(DYNAMO_FLOOR, None)
+        decompose_rounds = {name: rounds.pop(name) for name in (ATTN, GEMV_ATTN) if name in rounds}
+        for name in decompose_rounds:
+            recompiles.pop(name, None)
 
         profile = None
         prof_name = next((n for n in ("torchair", "torchair-fx") if n in timed), None)
@@ -170,6 +190,9 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
         out["dynamo_floor"] = _dynamo_ceiling(dynamo_rounds, floor, eager_median,
                                               dynamo_recompiles, dynamo_floor.graph_inputs,
                                               rounds)
+    if decompose_rounds:
+        out["decomposition"] = _decomposition(decompose_rounds, floor, attention.describe,
+                                              {n: rounds[n] for n in rounds})
     if profile is not None:
         out["profile"] = profile
     for v in variants:
@@ -260,6 +283,36 @@ def _dynamo_ceiling(rounds: list[list[float]], floor: dict[str, Any], eager_medi
             "p10": H.percentile(diffs, 10), "p90": H.percentile(diffs, 90),
             "method": "per round: torchair round median - torchair-nodynamo round median"}
     return out
+
+
+def _decomposition(rounds: dict[str, list[list[float]]], floor: dict[str, Any], describe: str,
+                   variant_rounds: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """``--decompose``: where a step's time above the floor goes. ``attn-alone`` against the
+    floor's KV term (the attention's own excess: its read speed against the floor's bandwidth);
+    ``gemv+attn`` minus ``floor-gemv`` and ``attn-alone`` (what running both in one step costs:
+    the GEMVs' weights and the KV windows evict each other from the caches, which neither
+    floor row sees); each variant minus ``gemv+attn`` (the rest: the unit's other kernels, its
+    launches, the call's own host work)."""
+    attn = H.summarize(rounds[ATTN])
+    both = H.summarize(rounds[GEMV_ATTN])
+    gemv_us = floor["gemv_us"]["median"]
+    return {
+        "attention": describe,
+        "attn_alone_us": attn,
+        "attn_read_gb_per_s": floor["kv_bytes_per_step"] / (attn["median"] * 1e3),
+        "attn_minus_kv_term_us": attn["median"] - floor["kv_us"],
+        "gemv_attn_us": both,
+        "together_minus_alone_us": both["median"] - gemv_us - attn["median"],
+        "variant_minus_gemv_attn_us": {name: H.summarize(r)["median"] - both["median"]
+                                       for name, r in variant_rounds.items()
+                                       if name != "eager"},
+        "method": (f"{ATTN}: the step's attention calls alone ({describe}, one per layer, the "
+                   f"step's lengths, copies of the initial caches); {GEMV_ATTN}: the weight "
+                   f"GEMVs ({FLOOR}) then those calls; both timed interleaved with the variants. "
+                   "attn_read_gb_per_s = mean KV bytes per step / attn-alone median; "
+                   "together_minus_alone_us = gemv+attn - floor-gemv - attn-alone (medians); "
+                   "variant_minus_gemv_attn_us = variant median - gemv+attn median"),
+    }
 
 
 def _paired_x_floor(variant_rounds: list[list[float]], gemv_rounds: list[list[float]],

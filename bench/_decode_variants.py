@@ -27,6 +27,9 @@ FLOOR = "floor-gemv"  # the pseudo-variant timed with the variants: the weight G
 # the weight GEMVs, then Dynamo's per-call work on the same module with a backend that does
 # nothing: what any torch.compile backend's step costs at least (see DynamoFloor)
 DYNAMO_FLOOR = "floor-gemv+dynamo"
+# --decompose: the step's attention calls alone, and the GEMVs then those calls (see AttentionCalls)
+ATTN = "attn-alone"
+GEMV_ATTN = "gemv+attn"
 # variants called through Dynamo (torch.compile): the Dynamo floor is timed when one runs
 THROUGH_DYNAMO = ("inductor", "torchair", "torchair-fx", "torchair-skipguards",
                   "torchair-guardfilter", "torchair-mm", "reduce-overhead")
@@ -148,6 +151,50 @@ class DynamoFloor:
     def __call__(self, step: StepInput) -> None:
         self.gemv()
         self.compiled(step.x, step.pos, step.lens, self.k_caches, self.v_caches)
+
+
+class AttentionCalls:
+    """The step's attention calls alone, one per layer, as a CPU static unit makes them
+    (``torch.ops.torchair_native.ifa_decode``, the C++ launch kernel, with the lengths as an
+    int64 tensor; ``npu_incre_flash_attention`` where the launch library is not built), on
+    copies of the initial KV caches (read only) with a fixed random query per layer. Timed
+    interleaved with the variants (``--decompose``), alone (``attn-alone``) and right after the
+    weight GEMVs (``gemv+attn``): the first against the floor's KV term shows the attention's
+    own excess, the second against the two alone what running both in one step costs (each
+    evicts the other's data from the caches)."""
+
+    def __init__(self, cfg: Any, init_k: list[torch.Tensor], init_v: list[torch.Tensor],
+                 schedule: list[StepInput]) -> None:
+        from torchair.ops.attention.cpu import launch_fakes, launch_library
+
+        self.k_caches = [t.clone() for t in init_k]
+        self.v_caches = [t.clone() for t in init_v]
+        batch, dtype, device = init_k[0].shape[0], init_k[0].dtype, init_k[0].device
+        gen = torch.Generator().manual_seed(0)
+        self.queries = [torch.randn(batch, 1, cfg.hidden, generator=gen).to(device, dtype)
+                        for _ in init_k]
+        self.heads, self.kv_heads, self.scale = cfg.heads, cfg.kv_heads, cfg.head_dim ** -0.5
+        self.launch = None
+        if device.type == "cpu" and launch_library.available():
+            self.launch = launch_fakes.ifa_decode()
+            self.layout = launch_library.LAYOUTS["BSH"]
+            # the lengths tensors made before the timing, as a unit receives them
+            self.lengths = {id(s): torch.tensor(s.lens, dtype=torch.int64) for s in schedule}
+        self.describe = ("torchair_native::ifa_decode (C++ launch kernel)" if self.launch
+                         else "npu_incre_flash_attention")
+
+    def __call__(self, step: StepInput) -> list[torch.Tensor]:
+        """Every layer's attention output for ``step`` (a step of the schedule given)."""
+        if self.launch is not None:
+            lengths = self.lengths[id(step)]
+            return [self.launch(q, k, v, lengths, None, None, self.heads, self.kv_heads,
+                                self.layout, 0, self.scale)
+                    for q, k, v in zip(self.queries, self.k_caches, self.v_caches)]
+        return [torch.ops.npu.npu_incre_flash_attention(
+                    q, k, v, actual_seq_lengths=step.lens, num_heads=self.heads,
+                    num_key_value_heads=self.kv_heads, input_layout="BSH",
+                    scale_value=self.scale)
+                for q, k, v in zip(self.queries, self.k_caches, self.v_caches)]
 
 
 def make_variant(name: str, model: DecoderStep, init_k: list[torch.Tensor],

@@ -59,12 +59,22 @@ Two rows are floors, timed interleaved with the variants, not variants:
   multiple of eager (an estimate: a unit's GEMVs, called from C++, can beat the floor's calls
   from Python).
 
+With ``--decompose`` two more rows show where a step's time above the floor goes
+(:class:`~bench._decode_variants.AttentionCalls`):
+
+- ``attn-alone``: the step's attention calls alone (the launch kernel a CPU unit calls, one per
+  layer, with the step's lengths): against the floor's KV term, the attention's own excess;
+- ``gemv+attn``: the weight GEMVs, then those calls. Minus ``floor-gemv`` and ``attn-alone``,
+  what running both in one step costs (the weights and the KV windows evict each other from the
+  caches, which neither floor row sees); a variant minus this row is the rest of its step.
+
 Each compiled variant is checked against eager (outputs of ``--check-steps`` steps and the final
 KV caches, ``allclose``) before timing; the result is recorded, nothing about speed is asserted.
 
     python -m bench.bench_decode_step                 # defaults: batch 1 and 8, 2 layers
     python -m bench.bench_decode_step --quick         # tiny smoke test (< 1 minute on 2 CPU cores)
     python -m bench.bench_decode_step --device cpu --batch 1 4 --steps 30 --rounds 5
+    python -m bench.bench_decode_step --batch 8 --variants torchair-cache --decompose
 """
 from __future__ import annotations
 
@@ -77,7 +87,7 @@ import torch
 
 from bench import _harness as H, _profile as P
 from bench._decode_timing import run_batch
-from bench._decode_variants import ALL_VARIANTS, CPU_ONLY, CUDA_ONLY, DYNAMO_FLOOR, FLOOR
+from bench._decode_variants import ALL_VARIANTS, ATTN, CPU_ONLY, CUDA_ONLY, DYNAMO_FLOOR, FLOOR, GEMV_ATTN
 from bench.model import ModelConfig
 
 
@@ -122,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="steps of the torchair variant (torchair-fx without it) run under "
                         "torch.profiler after the timing, for the per-op table (default 20, "
                         "5 with --quick; 0: no profile)")
+    p.add_argument("--decompose", action="store_true",
+                   help="also time the step's attention calls alone and the GEMVs then those "
+                        "calls (rows attn-alone, gemv+attn): where the time above the floor "
+                        "goes (CPU)")
     p.add_argument("--quick", action="store_true",
                    help="tiny model, few steps: a smoke test that finishes in well under a minute")
     p.add_argument("--out", default=None,
@@ -193,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
             st = dyn["gemv_plus_dynamo_us"]
             rows.append([b["batch"], DYNAMO_FLOOR, None, None, None, dyn["recompiles_timed"],
                          st["median"], st["p10"], st["p90"], None, None, None])
+        dec = b.get("decomposition")
+        if dec:
+            for name, key in ((ATTN, "attn_alone_us"), (GEMV_ATTN, "gemv_attn_us")):
+                st = dec[key]
+                rows.append([b["batch"], name, None, None, None, None, st["median"], st["p10"],
+                             st["p90"], None, None, None])
         for name, res in b["variants"].items():
             stats = res.get("per_step_us", {})
             recompiles = None
@@ -236,6 +256,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  GEMVs at batch {', '.join(sizes)}: {text}")
     if batches:
         print(f"  read bandwidth: {batches[0]['floor']['read_bandwidth']['method']}")
+    for b in batches:
+        dec = b.get("decomposition")
+        if dec:
+            fl = b["floor"]
+            rest = ", ".join(f"{n} {us:+.1f}" for n, us in dec["variant_minus_gemv_attn_us"].items())
+            print(f"  batch {b['batch']} decomposed: {ATTN} {dec['attn_alone_us']['median']:.1f} us "
+                  f"= KV at {dec['attn_read_gb_per_s']:.1f} GB/s ({dec['attn_minus_kv_term_us']:+.1f} "
+                  f"us on the floor's KV term at {fl['read_bandwidth_gb_per_s']:.1f} GB/s); "
+                  f"{GEMV_ATTN} {dec['gemv_attn_us']['median']:.1f} us = {FLOOR} + {ATTN} "
+                  f"{dec['together_minus_alone_us']:+.1f} us (the two evict each other's data); "
+                  f"variant - {GEMV_ATTN}: {rest} us")
     for b in batches:
         prof = b.get("profile")
         if prof:

@@ -22,7 +22,7 @@ def payload(tmp_path_factory):
     try:  # one thread: fast on a busy machine; --warm-cache: leave Inductor's config alone
         code = bench.main(["--quick", "--variants", "torchair-fx", "--batch", "1", "3",
                            "--steps", "2", "--rounds", "2", "--profile-steps", "2",
-                           "--warm-cache", "--threads", "1", "--out", str(out)])
+                           "--warm-cache", "--threads", "1", "--decompose", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     assert code == 0
@@ -62,6 +62,45 @@ def test_dynamo_floor_bounds_every_torch_compile_variant(payload):
         cfg = payload["config"]
         assert dyn["graph_inputs"] >= 7 * cfg["layers"] + 2 * cfg["layers"] + 2
         assert "returns its first result" in dyn["method"]
+
+
+def test_decomposition_rows(payload):
+    """--decompose times the attention calls alone and the GEMVs then those calls; each derived
+    figure is its rows' arithmetic, and the rows are no variants."""
+    for res in payload["results"]:
+        dec, floor = res["decomposition"], res["floor"]
+        attn, both = dec["attn_alone_us"], dec["gemv_attn_us"]
+        assert attn["n"] == both["n"] == 2 * 2 and attn["median"] > 0 and both["median"] > 0
+        assert math.isclose(dec["attn_read_gb_per_s"],
+                            floor["kv_bytes_per_step"] / attn["median"] / 1e3)
+        assert math.isclose(dec["attn_minus_kv_term_us"], attn["median"] - floor["kv_us"])
+        assert math.isclose(dec["together_minus_alone_us"],
+                            both["median"] - floor["gemv_us"]["median"] - attn["median"])
+        fx = res["variants"]["torchair-fx"]["per_step_us"]["median"]
+        assert dec["variant_minus_gemv_attn_us"] == pytest.approx({"torchair-fx": fx - both["median"]})
+        assert set(res["variants"]) == {"eager", "torchair-fx"}
+
+
+def test_attention_calls_compute_the_step_attention():
+    """What attn-alone times is the step's attention: the launch kernel's outputs (or the op's,
+    without the launch library) equal npu_incre_flash_attention's on the same caches, lengths
+    and query, for every layer."""
+    import torchair  # noqa: F401  (registers torch.ops.npu.*)
+    from bench.model import ModelConfig, make_schedule, seeded_decoder
+
+    cfg = ModelConfig(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, capacity=64)
+    _, init_k, init_v = seeded_decoder(cfg, 3, "cpu", torch.float32, 0)
+    schedule = make_schedule(cfg, 3, 4, "cpu", torch.float32, 1)
+    calls = V.AttentionCalls(cfg, init_k, init_v, schedule)
+    for step in schedule:
+        outs = calls(step)
+        assert len(outs) == cfg.layers
+        for q, k, v, out in zip(calls.queries, init_k, init_v, outs):
+            ref = torch.ops.npu.npu_incre_flash_attention(
+                q, k, v, actual_seq_lengths=step.lens, num_heads=cfg.heads,
+                num_key_value_heads=cfg.kv_heads, input_layout="BSH",
+                scale_value=cfg.head_dim ** -0.5)
+            torch.testing.assert_close(out.reshape(ref.shape), ref)
 
 
 def test_kv_bytes_follow_the_lengths(payload):
