@@ -201,10 +201,14 @@ static inline void prefetch_heads(const args_t *a, const char *p, int heads) {
  * for every head of the group, two loads per FMA (measured on the 2-core EPYC, 1 thread, K/V in
  * cache, GQA 4:1: 8-10% faster at head dim 64 and 128, results bit-identical; 8:1 unchanged;
  * with 8 or 16 rows pinning spills, 1:1 was 11-16% slower). */
-#if VW == 16
+#if defined(__x86_64__) && VW == 16
 #define PIN(x) __asm__("" : "+v"(x))
-#else
+#elif defined(__x86_64__)
 #define PIN(x) __asm__("" : "+x"(x))
+#elif defined(__aarch64__)
+#define PIN(x) __asm__("" : "+w"(x))
+#else
+#define PIN(x) ((void)0)
 #endif
 #define SCORE_TILE(LOAD, GB, NB, rows, roff, q, g0, D) ({                                         \
     v16 t_[VW];                                                                                   \
