@@ -190,9 +190,6 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
         out["dynamo_floor"] = _dynamo_ceiling(dynamo_rounds, floor, eager_median,
                                               dynamo_recompiles, dynamo_floor.graph_inputs,
                                               rounds)
-    if decompose_rounds:
-        out["decomposition"] = _decomposition(decompose_rounds, floor, attention.describe,
-                                              {n: rounds[n] for n in rounds})
     if profile is not None:
         out["profile"] = profile
     for v in variants:
@@ -210,6 +207,11 @@ def run_batch(args: argparse.Namespace, cfg: ModelConfig, batch: int, device: st
             res["x_floor_paired"] = _paired_x_floor(rounds[v.name], gemv_rounds,
                                                     floor["kv_us"])
         out["variants"][v.name] = res
+    if decompose_rounds:
+        medians = {name: res["per_step_us"]["median"] for name, res in out["variants"].items()
+                   if name != "eager" and "per_step_us" in res}
+        out["decomposition"] = _decomposition(decompose_rounds, floor, attention.describe,
+                                              medians)
     out["load_average_after_timing"] = load
     return out
 
@@ -286,7 +288,7 @@ def _dynamo_ceiling(rounds: list[list[float]], floor: dict[str, Any], eager_medi
 
 
 def _decomposition(rounds: dict[str, list[list[float]]], floor: dict[str, Any], describe: str,
-                   variant_rounds: dict[str, list[list[float]]]) -> dict[str, Any]:
+                   variant_medians: dict[str, float]) -> dict[str, Any]:
     """``--decompose``: where a step's time above the floor goes. ``attn-alone`` against the
     floor's KV term (the attention's own excess: its read speed against the floor's bandwidth);
     ``gemv+attn`` minus ``floor-gemv`` and ``attn-alone`` (what running both in one step costs:
@@ -303,9 +305,8 @@ def _decomposition(rounds: dict[str, list[list[float]]], floor: dict[str, Any], 
         "attn_minus_kv_term_us": attn["median"] - floor["kv_us"],
         "gemv_attn_us": both,
         "together_minus_alone_us": both["median"] - gemv_us - attn["median"],
-        "variant_minus_gemv_attn_us": {name: H.summarize(r)["median"] - both["median"]
-                                       for name, r in variant_rounds.items()
-                                       if name != "eager"},
+        "variant_minus_gemv_attn_us": {name: median - both["median"]
+                                       for name, median in variant_medians.items()},
         "method": (f"{ATTN}: the step's attention calls alone ({describe}, one per layer, the "
                    f"step's lengths, copies of the initial caches); {GEMV_ATTN}: the weight "
                    f"GEMVs ({FLOOR}) then those calls; both timed interleaved with the variants. "

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"= KV at {dec['attn_read_gb_per_s']:.1f} GB/s ({dec['attn_minus_kv_term_us']:+.1f} "
                   f"us on the floor's KV term at {fl['read_bandwidth_gb_per_s']:.1f} GB/s); "
                   f"{GEMV_ATTN} {dec['gemv_attn_us']['median']:.1f} us = {FLOOR} + {ATTN} "
-                  f"{dec['together_minus_alone_us']:+.1f} us (the two evict each other's data); "
+                  f"{dec['together_minus_alone_us']:+.1f} us (what running both in one step costs); "
                   f"variant - {GEMV_ATTN}: {rest} us")
     for b in batches:
         prof = b.get("profile")
