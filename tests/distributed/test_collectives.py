@@ -232,11 +232,14 @@ def test_cache_compile_warm_starts_each_rank_from_its_own_directory(tmp_path):
 
     cache = tmp_path / "cache"
     cold = _cache_world(tmp_path, cache, 2, warm=False)
-    assert all(r["equal"] and r["dynamo_graphs"] == 1 for r in cold), cold
+    assert all(r["equal"] and r["dynamo_graphs"] == 1 and r["drain_registered"]
+               for r in cold), cold
     ranks = sorted(p.parent.parent.name for p in pathlib.Path(cache).rglob("meta.json"))
     assert ranks == ["world2global_rank0", "world2global_rank1"]
     warm = _cache_world(tmp_path, cache, 2, warm=True)  # Dynamo refuses: the entries serve
-    assert all(r["equal"] and r["dynamo_graphs"] == 0 for r in warm), warm
+    # the loaded entry's collective registered the exit drain (no compile ran)
+    assert all(r["equal"] and r["dynamo_graphs"] == 0 and r["drain_registered"]
+               for r in warm), warm
     # another world size never loads a 2-rank entry: it compiles its own
     (single,) = _cache_world(tmp_path, cache, 1, warm=False)
     assert single["equal"] and single["dynamo_graphs"] == 1, single

@@ -12,9 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TP_SCRIPT = os.path.join(ROOT, "examples", "peer", "tp_script.py")
 
 
-def _torchair_run(*args, cwd, timeout_s="60", spelling="--nproc-per-node"):
+def _torchair_run(*args, cwd, timeout_s="60", spelling="--nproc-per-node", **env_extra):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TORCHAIR_DIST_TIMEOUT=timeout_s)
+               TORCHAIR_DIST_TIMEOUT=timeout_s, **env_extra)
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "torchair", "run", spelling, "2",
                            "--device", "cpu", *args], capture_output=True, text=True,
@@ -23,8 +23,11 @@ def _torchair_run(*args, cwd, timeout_s="60", spelling="--nproc-per-node"):
 
 
 def test_two_ranks_run_the_tensor_parallel_example(tmp_path):
-    done, _ = _torchair_run(TP_SCRIPT, cwd=tmp_path)
+    done, _ = _torchair_run(TP_SCRIPT, cwd=tmp_path, TORCHAIR_LOG_LEVEL="DEBUG")
     assert done.returncode == 0, done.stderr[-3000:]
+    # each rank let gloo's workers finish before Python finalized (torchair.distributed.quiesce:
+    # without it a rank aborted now and then after printing its result)
+    assert done.stderr.count("gloo workers quiet after") == 2, done.stderr[-3000:]
     found = sorted(re.findall(r"rank (\d)/2: npu=(\d) device=(\w+) sum=(\S+) matches_full=(\w+) "
                               r"compiled_matches=(\w+)", done.stdout))
     assert [row[:3] for row in found] == [("0", "0", "cpu"), ("1", "1", "cpu")], done.stdout

@@ -10,7 +10,8 @@ Installed by :func:`~torchair.compat.emulate_npu` and undone by its ``restore()`
   needs the launcher's environment (RANK, WORLD_SIZE) and finds none says to use
   ``torchair run --nproc-per-node N``; one whose ``world_size`` / ``rank`` contradict the
   launcher's ``$WORLD_SIZE`` / ``$RANK`` fails at once naming both (instead of waiting out the
-  rendezvous timeout).
+  rendezvous timeout). A gloo group also registers the exit drain of
+  :mod:`torchair.distributed.quiesce` (gloo's workers done before Python finalizes).
 - ``torch_npu.distributed`` (a module, also importable) forwards to ``torch.distributed``;
   ``torch_npu``-only names (:data:`NPU_ONLY`) raise ``NotEmulatedError`` naming the call.
 
@@ -31,6 +32,7 @@ import torch
 
 from torchair.base.log import logger
 from torchair.compat._errors import NotEmulatedError
+from torchair.distributed.quiesce import drain_at_exit
 
 __all__ = ["NPU_ONLY", "default_timeout", "distributed_patches", "make_torch_npu_distributed",
            "map_backend"]
@@ -146,6 +148,19 @@ def _check_launcher_world(init_method: Any, store: Any, rank: int, world_size: i
                            "claim one rank. Pass rank=int(os.environ['RANK']) or leave it out.")
 
 
+def _drain_gloo_at_exit(group: Any) -> None:
+    """Register :func:`~torchair.distributed.quiesce.drain_at_exit` when ``group`` (None: the
+    default group) runs on gloo, whose worker threads must be done before Python finalizes."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        backend = str(c10d.get_backend(group))
+    except (RuntimeError, ValueError):  # not a member of the group / no default group
+        return
+    if "gloo" in backend.lower():
+        drain_at_exit()
+
+
 def _wrap_init(original: Callable[..., Any], target: torch.device,
                nccl: Callable[[], bool]) -> Callable[..., Any]:
     @functools.wraps(original)
@@ -160,8 +175,10 @@ def _wrap_init(original: Callable[..., Any], target: torch.device,
         _check_launcher_world(init_method, store, rank, world_size)
         if target.type == "cpu" and kwargs.get("device_id") is not None:
             kwargs["device_id"] = None  # gloo binds no device; "npu:i" means the CPU here
-        return original(mapped, init_method, default_timeout() if timeout is None else timeout,
+        done = original(mapped, init_method, default_timeout() if timeout is None else timeout,
                         world_size, rank, store, *args, **kwargs)
+        _drain_gloo_at_exit(None)
+        return done
     return init_process_group
 
 
@@ -174,8 +191,10 @@ def _wrap_new_group(original: Callable[..., Any], target: torch.device,
         _log_mapping(backend, mapped)
         if target.type == "cpu" and kwargs.get("device_id") is not None:
             kwargs["device_id"] = None
-        return original(ranks, default_timeout() if timeout is None else timeout, mapped,
-                        *args, **kwargs)
+        group = original(ranks, default_timeout() if timeout is None else timeout, mapped,
+                         *args, **kwargs)
+        _drain_gloo_at_exit(group)
+        return group
     return new_group
 
 

@@ -20,6 +20,7 @@ from torchair.inference import _cache_store as store
 from torchair.inference._cache_io import NotCacheable, build_output, graph_outputs, info_from_json, program_from_graph
 from torchair.inference._graph_io import graph_from_json
 from torchair.inference.guards import GuardSet, TensorMemo
+from torchair.plan.collectives import drain_gloo_at_exit
 from torchair.plan.report import GraphReport, add_report, next_graph_id
 from torchair.runtime import engines, units
 from torchair.runtime.engines import fx_engine
@@ -284,6 +285,7 @@ class Runtime:
             gm = graph_from_json(json.loads(files["graph.json"]), tensors)
             report.launch = "host-scheduled, shape-generic (from cache_compile)"
             report.engine = "fx"
+            drain_gloo_at_exit(gm)
             unit = units.HostUnit(fx_engine(gm))
         add_report(report)
         return cls(meta, unit, inputs)
@@ -426,6 +428,7 @@ def _gear_marks(unit: dict, inputs: list) -> dict[int, tuple[str, dict | None]]:
 
 def _static_unit(u: dict, gm: Any, files: dict, entry: Any, report: GraphReport,
                  prefix: str) -> units.StaticUnit:
+    drain_gloo_at_exit(gm)
     program = None
     if "program" in u:
         p = u["program"]

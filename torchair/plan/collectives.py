@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from torchair.distributed.quiesce import drain_at_exit
+
 _NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 _NOT_COLLECTIVES = ("wait_tensor",)
 
@@ -51,7 +53,8 @@ def _resolve(name: str | None):
 
 
 def check_process_groups(gm: fx.GraphModule) -> None:
-    """Raise a ``RuntimeError`` naming the first collective whose process group does not exist."""
+    """Raise a ``RuntimeError`` naming the first collective whose process group does not exist;
+    then :func:`drain_gloo_at_exit`."""
     nodes = collective_nodes(gm)
     if not nodes:
         return
@@ -66,6 +69,15 @@ def check_process_groups(gm: fx.GraphModule) -> None:
                 f"torch.distributed.init_process_group(...) (gloo on CPU, nccl on CUDA) before "
                 f"the first call of the compiled function, and pass that group (or None for the "
                 f"default group) to the collective")
+    drain_gloo_at_exit(gm)
+
+
+def drain_gloo_at_exit(gm: fx.GraphModule) -> None:
+    """Register :func:`~torchair.distributed.quiesce.drain_at_exit` when a collective of the
+    graph runs on a gloo group: gloo's workers must be done with the graph's tensors before
+    Python finalizes (for compiled graphs and graphs loaded from ``cache_compile`` alike)."""
+    if any("gloo" in name.lower() for name in backends(gm)):
+        drain_at_exit()
 
 
 def backends(gm: fx.GraphModule) -> list[str]:
