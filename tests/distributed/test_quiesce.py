@@ -178,7 +178,6 @@ def test_a_compiled_collective_on_gloo_registers_the_drain(registrations, tmp_pa
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)  # no emulation
     try:
         assert registrations == []
-        torchair.patch_for_hcom()
         config = torchair.CompilerConfig()
         config.debug.run_eagerly = True
 
