@@ -124,7 +124,7 @@ def test_the_drain_gives_up_after_its_budget(helper, torchair_log):
 
 
 def test_a_running_native_thread_keeps_the_drain_waiting(helper):
-    assert helper.start_spinner(300) == 0
+    assert helper.start_spinner(600) == 0
     try:
         _wait_for(lambda: quiesce.runnable_native_threads() >= 1)
         start = time.monotonic()
@@ -138,7 +138,7 @@ def test_a_running_native_thread_keeps_the_drain_waiting(helper):
 def test_a_quiet_process_drains_in_the_quiet_window():
     start = time.monotonic()
     assert quiesce.drain_gloo_workers(budget_s=10.0, quiet_s=0.01)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < 2.0  # no waiting beyond a few polls when nothing is busy
 
 
 @pytest.fixture
