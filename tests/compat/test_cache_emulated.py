@@ -297,10 +297,7 @@ with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:  # (not stdo
                "graphs": graphs}, f)
 dist.barrier()
 dist.destroy_process_group()
-sys.stdout.flush()
-# as the TP demo does: gloo's teardown in the interpreter's exit aborts now and then
-# ("terminate called without an active exception") after everything above has finished
-os._exit(0)
+# a normal exit: torchair's exit drain lets gloo's workers finish before Python finalizes
 '''
 
 
@@ -313,7 +310,7 @@ def test_ranks_gears_scopes_and_threads_together_warm_start(tmp_path):
     script = tmp_path / "together.py"
     script.write_text(TOGETHER)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               TORCHAIR_DIST_TIMEOUT="60", TORCHAIR_LOG_LEVEL="INFO")
+               TORCHAIR_DIST_TIMEOUT="60", TORCHAIR_LOG_LEVEL="DEBUG")
     runs = []
     for run in range(2):
         out = tmp_path / f"run{run}"
@@ -324,6 +321,8 @@ def test_ranks_gears_scopes_and_threads_together_warm_start(tmp_path):
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
         rows = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
         runs.append(({r["rank"]: r for r in rows}, done.stderr))
+        # each rank left through the exit drain (torchair.distributed.quiesce), not os._exit
+        assert done.stderr.count("gloo workers quiet after") == 2, done.stderr[-4000:]
     (cold, cold_log), (warm, warm_log) = runs
     assert sorted(cold) == sorted(warm) == [0, 1]
     assert "not cached" not in cold_log and "does not fit" not in warm_log, cold_log + warm_log
