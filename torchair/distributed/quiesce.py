@@ -15,8 +15,8 @@ object with the graph).
 
 :func:`drain_gloo_workers` gives the GIL away until no such thread is left;
 :func:`drain_at_exit` runs it from ``atexit``, which Python calls before it starts finalizing.
-Registered when the ``torch_npu`` emulation creates a gloo group and when a compiled graph
-holds a collective on one.
+Registered when the ``torch_npu`` emulation creates a gloo group, and when a graph with a
+collective on one is compiled or loaded from ``cache_compile``.
 """
 from __future__ import annotations
 
