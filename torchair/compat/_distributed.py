@@ -32,7 +32,7 @@ import torch
 
 from torchair.base.log import logger
 from torchair.compat._errors import NotEmulatedError
-from torchair.distributed.quiesce import drain_at_exit
+from torchair.distributed.quiesce import drain_at_exit_for
 
 __all__ = ["NPU_ONLY", "default_timeout", "distributed_patches", "make_torch_npu_distributed",
            "map_backend"]
@@ -154,11 +154,10 @@ def _drain_gloo_at_exit(group: Any) -> None:
     import torch.distributed.distributed_c10d as c10d
 
     try:
-        backend = str(c10d.get_backend(group))
+        backend = c10d.get_backend(group)
     except Exception:  # noqa: BLE001 - not a member, no default group: never fail the call
         return
-    if "gloo" in backend.lower():
-        drain_at_exit()
+    drain_at_exit_for(backend)
 
 
 def _wrap_init(original: Callable[..., Any], target: torch.device,

@@ -29,7 +29,8 @@ import time
 
 from torchair.base.log import logger
 
-__all__ = ["drain_at_exit", "drain_gloo_workers", "pending_gil_threads", "runnable_native_threads"]
+__all__ = ["drain_at_exit", "drain_at_exit_for", "drain_gloo_workers", "pending_gil_threads",
+           "runnable_native_threads"]
 
 _registered = False
 _lock = threading.Lock()
@@ -85,8 +86,8 @@ def runnable_native_threads() -> int:
                 stat = f.read()
         except OSError:
             continue  # the thread ended
-        state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
-        count += state == b"R"
+        end = stat.rfind(b")")  # the name in parentheses may hold anything; the state follows
+        count += stat[end + 2:end + 3] == b"R"
     return count
 
 
@@ -126,3 +127,10 @@ def drain_at_exit() -> None:
             return
         _registered = True
     atexit.register(drain_gloo_workers)
+
+
+def drain_at_exit_for(backend: object) -> None:
+    """:func:`drain_at_exit` when ``backend`` (a process group's backend name, such as "gloo" or
+    "cpu:gloo,cuda:nccl") runs on gloo."""
+    if "gloo" in str(backend).lower():
+        drain_at_exit()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from torchair.distributed.quiesce import drain_at_exit
+from torchair.distributed.quiesce import drain_at_exit_for
 
 _NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 _NOT_COLLECTIVES = ("wait_tensor",)
@@ -76,8 +76,8 @@ def drain_gloo_at_exit(gm: fx.GraphModule) -> None:
     """Register :func:`~torchair.distributed.quiesce.drain_at_exit` when a collective of the
     graph runs on a gloo group: gloo's workers must be done with the graph's tensors before
     Python finalizes (for compiled graphs and graphs loaded from ``cache_compile`` alike)."""
-    if any("gloo" in name.lower() for name in backends(gm)):
-        drain_at_exit()
+    for name in backends(gm):
+        drain_at_exit_for(name)
 
 
 def backends(gm: fx.GraphModule) -> list[str]:
