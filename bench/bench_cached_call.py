@@ -3,11 +3,13 @@
 ``bench_call_cost.py`` times a served call whose kernel touches a few bytes: every cache holds
 the check's Python objects and code. In a decode step the weights stream through the caches
 between two calls, so the check runs with them cold. This bench times the bench decoder
-(:mod:`bench.model`) through ``cache_compile`` (``torchair-cache``) with its call split in three
-(the entry's guard check, ``Runtime._check``: the generated per-call check; its launch unit,
-``Runtime.unit``; the rest: the frame, the number inputs' tensors, the gear-marks test and
-``CachedFunction`` / ``Runtime.serve`` themselves), beside the same launch unit called with Dynamo's flat
-arguments and nothing checked (``torchair-nodynamo``) and, optionally, ``eager``. The variants
+(:mod:`bench.model`) through ``cache_compile``: ``torchair-cache``, the served call as it ships
+(one generated function of the call's arguments, ``Runtime.fast``), and ``layered``, a second
+instance kept on the layered call (``Runtime.disable_fast``), split in three (the entry's guard
+check, ``Runtime._check``: the generated per-call check; its launch unit, ``Runtime.unit``; the
+rest: the frame, the number inputs' tensors, the gear-marks test and ``CachedFunction`` /
+``Runtime.serve`` themselves), beside the same launch unit called with Dynamo's flat arguments
+and nothing checked (``torchair-nodynamo``) and, optionally, ``eager``. The variants
 run in interleaved rounds of ``--steps`` steps (``_harness.interleaved_rounds``, as
 ``bench_decode_step.py``); each number is a median over rounds at one position in the round:
 position 0 runs right after another variant, the later ones after their own previous step,
@@ -56,6 +58,7 @@ class _Split:
                     last[name] = time.perf_counter_ns() - start
             return wrapper
 
+        runtime.disable_fast()  # the layered call, whose layers these wrappers time
         runtime._check, runtime.unit = timed("check", runtime._check), timed("unit", runtime.unit)
         return self
 
@@ -86,22 +89,22 @@ def main(argv: list[str] | None = None) -> int:
     windows = max(1, min(args.rounds, (max_calls(cfg, args.batch) - warm) // args.steps))
     n_calls = warm + args.steps * windows
     schedule = make_schedule(cfg, args.batch, n_calls, "cpu", torch.float32, 0)
-    names = (["eager"] if args.eager else []) + ["torchair-cache", "torchair-nodynamo"]
+    names = (["eager"] if args.eager else []) + ["torchair-cache", "layered", "torchair-nodynamo"]
     with torch.no_grad():
-        variants = {n: make_variant(n, model, init, init, run_eagerly=args.engine == "fx")
-                    for n in names}
+        variants = {n: make_variant("torchair-cache" if n == "layered" else n, model, init, init,
+                                    run_eagerly=args.engine == "fx") for n in names}
         for v in variants.values():
             for s in schedule[:warm]:
                 v(s)
-        with _Split(variants["torchair-cache"].compiled.runtime) as split:
+        with _Split(variants["layered"].compiled.runtime) as split:
             timed = split.last
-            cache, recorded = variants["torchair-cache"], []  # (check, unit) ns per cached call
+            cache, recorded = variants["layered"], []  # (check, unit) ns per layered call
 
             def cached(i: int) -> None:
                 cache(schedule[i])
                 recorded.append((timed["check"], timed["unit"]))
 
-            calls = {n: (cached if n == "torchair-cache" else
+            calls = {n: (cached if n == "layered" else
                          lambda i, v=v: v(schedule[i])) for n, v in variants.items()}
             rounds = H.interleaved_rounds(
                 calls, lambda r: range(warm + (r % windows) * args.steps,
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                  for n, rows in rounds.items()}
     splits = iter(recorded)  # in the order the cached calls ran: round by round
     parts = {p: [[] for _ in range(args.steps)] for p in PARTS}
-    for rnd in rounds["torchair-cache"]:
+    for rnd in rounds["layered"]:
         for k, total in enumerate(rnd):
             check, unit = (t / 1e3 for t in next(splits))
             parts["check"][k].append(check)
@@ -128,14 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     summary = {n: statistics.median(v[later]) for n, v in {**table, **split_table}.items()}
     head = ["us per step, by position in the round"] + [str(k) for k in range(args.steps)]
     rows = [[n] + [round(x) for x in v] for n, v in table.items()]
-    rows += [[f"  cache: {p}"] + [round(x, 1) for x in v] for p, v in split_table.items()]
+    rows += [[f"  layered: {p}"] + [round(x, 1) for x in v] for p, v in split_table.items()]
     print(f"batch {args.batch}, {cfg.layers} layers, hidden {cfg.hidden}; {args.rounds} rounds x "
           f"{args.steps} steps per variant, balanced orders; medians over rounds")
     print(H.format_table(head, rows))
-    print(f"\npositions 1+ (a step after its own): torchair-cache "
-          f"{summary['torchair-cache']:.0f} us = check {summary['check']:.1f} + unit "
-          f"{summary['unit']:.1f} + rest {summary['rest']:.1f}; the unit alone "
-          f"(torchair-nodynamo) {summary['torchair-nodynamo']:.0f} us")
+    print(f"\npositions 1+ (a step after its own): torchair-cache (one generated function) "
+          f"{summary['torchair-cache']:.0f} us; layered {summary['layered']:.0f} us = check "
+          f"{summary['check']:.1f} + unit {summary['unit']:.1f} + rest {summary['rest']:.1f}; "
+          f"the unit alone (torchair-nodynamo) {summary['torchair-nodynamo']:.0f} us")
     H.save_unit_bench("cached_call", args, info, cfg, start,
                       {"steps": args.steps, "rounds": args.rounds},
                       {"by_position_us": table, "cache_split_by_position_us": split_table,

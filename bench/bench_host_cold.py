@@ -13,7 +13,9 @@ GEMVs (the floor's ``GemvFloor``: 23 MiB streamed through the caches, as the ste
 - ``program``: the generated per-call check alone, on a built frame;
 - ``check``: ``Runtime.check`` on a built frame (the program, the number inputs' tensors, the
   gear marks);
-- ``call``: the whole cached call (``CachedFunction.__call__``) with the stub unit.
+- ``call``: the whole cached call (``CachedFunction.__call__``) with the stub unit, on its
+  layered path (``Runtime.disable_fast``: the served call's one generated function binds the
+  real unit's fused call, which the stub cannot replace; ``bench_cached_call`` times that one).
 
 Cold parts run in balanced orders (``balanced_orders``): the first part after the sweep pays
 more than the later ones in a round, whatever it is. Medians over rounds; the heap frozen and the
@@ -115,6 +117,7 @@ def measure(cached: Any, call_args: tuple, sweep: Callable[[], Any], rounds: int
         raise SystemExit("cache_compile did not serve the step from its entry; see the log")
     real = runtime.unit
     outputs = real(runtime.check(cached.frame(call_args, {}), cached.frame.globals)[1])
+    runtime.disable_fast()  # the layered call: the stub below replaces its unit
     runtime.unit = _StubUnit(real, outputs)
     try:
         return time_parts(_parts(cached, call_args), sweep, rounds, warm_calls)

@@ -67,11 +67,10 @@ def test_a_parameter_with_another_layout_falls_back_and_the_entry_serves_again(
 
         model.w.data, model.b.data = original.clone(), bias  # the compiled layout again: the
         # entry serves it
-        calls = []
-        real = unit.__class__.__call__
-        unit.__class__.__call__ = lambda self, args: calls.append(1) or real(self, args)
-        try:
-            served()
-        finally:
-            unit.__class__.__call__ = real
-        assert calls == [1], "the entry's unit did not serve the call"
+        dynamo, real_dynamo = [], cached._dynamo  # the fallback compiles through it
+        cached._dynamo = lambda: dynamo.append(1) or real_dynamo()
+        checked = cached.runtime.guards._calls
+        served()
+        assert dynamo == [] and cached.runtime.guards._calls == checked + 1, \
+            "the entry's unit did not serve the call"
+        assert cached.runtime.fast is not None  # the served call's one generated function

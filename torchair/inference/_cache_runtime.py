@@ -261,6 +261,11 @@ class Runtime:
         self.plain_output: int | None = (
             out["out"] if type(out) is dict and list(out) == ["out"] and not self.writes
             and all(kind not in _ALIAS_KINDS for kind, _ in self.aot["outputs"]) else None)
+        # the served call as one generated function of the positional arguments (see
+        # _make_fast): None until made, after the first call serve() served
+        self.fast: Callable[..., Any] | None = None
+        self._fast_frame: tuple | None = None  # (names, self name, module, globals)
+        self._fast_pending = False
 
     @classmethod
     def load(cls, meta: dict, files: dict, entry: Any) -> Runtime:
@@ -296,6 +301,7 @@ class Runtime:
         the frame's name of the method's module (its state may be hoisted)."""
         self.guards.watch_arguments(arguments, module)
         self._check = self.guards.check_arguments
+        self.fast, self._fast_pending = None, self._fast_frame is not None
         # a parameter's or buffer's marks are module state, not a call argument: checked on the
         # first call only
         state = {k for k, _, _ in self.guards.dict_inputs()}
@@ -304,6 +310,57 @@ class Runtime:
         # inputs whose tensor guard now runs on full checks only get the unit's own checks
         self.checks = _InputChecks(self._input_checks,
                                    self.guards.tensor_inputs(self.n_inputs, per_call=True))
+
+    def serve_positional(self, names: Sequence[str], self_name: str, module: Any,
+                         globals_: Any) -> None:
+        """Let the serving loop's call, positional arguments ``names`` of a method of
+        ``module`` (``self_name``) with ``globals_``, become one generated function
+        (:attr:`fast`, see :meth:`_make_fast`) once :meth:`serve` served one."""
+        self._fast_frame = (tuple(names), self_name, module, globals_)
+        self.fast, self._fast_pending = None, True
+
+    def disable_fast(self) -> None:
+        """Serve every call through :meth:`serve`'s layers (a bench that times or replaces
+        :attr:`unit` or the check's layers)."""
+        self.fast, self._fast_pending = None, False
+
+    def _make_fast(self) -> None:
+        """After the first call :meth:`serve` served: :attr:`fast`, the same call as one
+        generated function (:meth:`GuardSet.served_program
+        <torchair.inference.guards.GuardSet.served_program>`) whose tail puts the number
+        inputs' tensors in, tests the gear marks as :meth:`_inputs_differ` does and runs the
+        static unit's fused call under its lock, returning :data:`MISS` for anything else.
+        Made only where :meth:`serve` would run exactly those steps: a CPU static unit with its
+        fused call and its own input check, and an entry built without gears (the marks test is
+        "none at all"). Tried once per :meth:`watch_arguments`."""
+        self._fast_pending = False
+        unit, frame = self.unit, self._fast_frame
+        fused = getattr(unit, "_fast", None) if isinstance(unit, units.StaticUnit) else None
+        if (frame is None or fused is None or self.plain_output is None or not self.unit_checks
+                or self._first_marked is None
+                or any(expected is not None for _, (_, expected) in self.gear_args)):
+            return
+        first_marked, plain = self._first_marked, self.plain_output
+        every = tuple(k for k, _ in self.gear_args)  # the marks a call checks when not reused
+
+        def tail(bind: Callable[..., str]) -> list[str]:
+            fm, attr = bind(first_marked, "f"), bind(DIM_GEARS_ATTR)
+            if self.wrap.keys:  # the number inputs' tensors: marked only when made anew
+                lines = [f"if {bind(self.wrap, 'w')}(flat):",
+                         f"    marked = {fm}(flat, {bind(self._unmarked)}, {attr})",
+                         "else:",
+                         f"    marked = {fm}(flat, {bind(every)}, {attr})"]
+            else:
+                lines = [f"marked = {fm}(flat, {bind(self._unmarked)}, {attr})"]
+            return lines + ["if marked >= 0:", "    return None",
+                            f"with {bind(unit._lock, 'u')}:",
+                            "    try:",
+                            f"        outputs = {bind(fused, 'u')}(flat)",
+                            f"    except {bind(InputLayoutError, 'e')}:",  # refused, not run
+                            "        return None",
+                            f"return outputs[{bind(plain)}]"]
+
+        self.fast = self.guards.served_program(*frame, MISS, tail)
 
     def _set_tensor_gear_args(self) -> None:
         # gear_args less the numbers Dynamo passes as tensors: when the number wraps reuse the
@@ -367,6 +424,8 @@ class Runtime:
             outputs = self.unit(flat)
         except InputLayoutError:  # refused before running: the general path says why
             return MISS
+        if self._fast_pending:
+            self._make_fast()
         return outputs[plain]
 
     def _unit_checks_inputs(self) -> bool:

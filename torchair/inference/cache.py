@@ -172,11 +172,14 @@ class CachedFunction:
         if not torch.is_grad_enabled():  # the serving loop's case: no context object to build
             runtime, frame = self.runtime, self.frame
             if runtime is not None and not kwargs and len(args) == frame.positional:
-                # the common served call, with no layer between the check and the unit
-                # (Frame.__call__'s common case, inline)
-                local = dict(zip(frame.names, args))
-                local[frame.self_name] = frame.module
-                out = runtime.serve(local, frame.globals)
+                fast = runtime.fast
+                if fast is not None:  # the served call as one generated function
+                    out = fast(*args)
+                else:  # the common served call, with no layer between the check and the unit
+                    # (Frame.__call__'s common case, inline)
+                    local = dict(zip(frame.names, args))
+                    local[frame.self_name] = frame.module
+                    out = runtime.serve(local, frame.globals)
                 if out is not MISS:
                     return out
             try:
@@ -381,8 +384,11 @@ class CachedFunction:
         self.runtime = runtime
 
     def _watch(self, runtime: Runtime) -> None:
+        frame = self.frame
         if self.guard_mode == "arguments":
-            runtime.watch_arguments(self.frame.arguments, self.frame.self_name)
+            if frame.positional >= 0:
+                runtime.serve_positional(frame.names, frame.self_name, frame.module, frame.globals)
+            runtime.watch_arguments(frame.arguments, frame.self_name)
 
     @contextlib.contextmanager
     def _build_dir(self, entry: Any) -> Iterator[str | None]:

@@ -23,10 +23,17 @@ allowed. A tree with anything else is not generated (the general check keeps ser
 
 The generator reads a guard set through the public per-call attributes of
 :class:`PerCallChecks` (``GuardSet`` has them; this module does not import it).
+
+:class:`ServedCall` asks for a second form, the whole served call: a function of the call's
+positional arguments (the frame read from them, not from a dict built per call) whose check is
+the same, then the caller's own lines (the launch unit's call) instead of returning the graph
+inputs. Each layer of Python a decode step's call goes through runs with the caches the step's
+weights evicted; this form leaves one.
 """
 from __future__ import annotations
 
 import ast
+import dataclasses
 import keyword
 import re
 from typing import Any, Callable, Protocol, Sequence
@@ -40,7 +47,7 @@ from torchair.inference.guards.sources import Globals, Sources
 from torchair.inference.guards.tensors import DISPATCH_TLS, TensorMemo
 from torchair.runtime.unit_call import state_watch
 
-__all__ = ["ENV_CODEGEN", "NotGenerated", "PerCallChecks", "per_call_program"]
+__all__ = ["ENV_CODEGEN", "NotGenerated", "PerCallChecks", "ServedCall", "per_call_program"]
 
 # the per-call check as one generated function (0: its general form)
 ENV_CODEGEN = "TORCHAIR_GUARD_CODEGEN"
@@ -71,6 +78,25 @@ class PerCallChecks(Protocol):
     module_root: str | None
 
 
+@dataclasses.dataclass(frozen=True)
+class ServedCall:
+    """What :func:`per_call_program` needs for the served-call form. The frame is ``names``
+    (the positional parameters, in order: the generated function's parameters) and
+    ``self_name``, bound to ``module``; ``globals_`` the function's globals. ``miss`` is what the
+    function returns for a call it does not serve (the caller then takes the general path);
+    ``head(bind)`` lines run first and ``tail(bind)`` lines after the check held (they read the
+    graph inputs as ``flat`` and return the call's result), each naming the values they use
+    through ``bind(value, prefix)``. A tail line's ``return None`` means ``miss``."""
+
+    names: tuple[str, ...]
+    self_name: str
+    module: Any
+    globals_: Any
+    miss: Any
+    head: Callable[[Callable[..., str]], list[str]]
+    tail: Callable[[Callable[..., str]], list[str]]
+
+
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
         ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
 _BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%",
@@ -89,8 +115,9 @@ def _identifier(name: str) -> str:
 class _Writer:
     """Writes the generated function's lines, binding every value they use by name."""
 
-    def __init__(self, gs: PerCallChecks) -> None:
+    def __init__(self, gs: PerCallChecks, served: ServedCall | None = None) -> None:
         self.gs = gs
+        self.served = served
         self.sources = gs.sources
         self.names: dict[str, Any] = {"__builtins__": {}}
         self._bound: dict[int, str] = {}
@@ -129,6 +156,13 @@ class _Writer:
         """``v<slot> = ...`` for step ``k`` of the sources."""
         kind, what = self.kind(k)
         target, src = f"v{k + 2}", f"v{self.sources.steps[k][0]}"
+        served = self.served
+        if served is not None and self.sources.steps[k][0] == 0:  # L[name]: a parameter
+            if kind == ITEM and what in served.names:
+                return f"{target} = a{served.names.index(what)}"
+            if kind == ITEM and what == served.self_name:
+                return f"{target} = {self.bind(served.module, 'o')}"
+            raise NotGenerated(f"frame read {self.sources.steps[k][2]}")
         if kind == ITEM:
             return f"{target} = {src}[{self.bind(what, 'k')}]"
         if kind == ATTR:
@@ -256,15 +290,54 @@ class _Writer:
         return f"{self.bind(fn, 'f')}(" + ", ".join(self.expr(a) for a in node.args) + ")"
 
 
-def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
+def per_call_program(gs: PerCallChecks, served: ServedCall | None = None) -> Callable:
     """The generated form of ``gs``'s per-call check (after ``watch_arguments``): a function of
     the frame and globals that returns the graph inputs, or None for "run the general check".
-    Raises :class:`NotGenerated` when some check is outside what it covers."""
+    With ``served``, the served-call form instead (see :class:`ServedCall`). Raises
+    :class:`NotGenerated` when some check is outside what it covers."""
+    w = _Writer(gs, served)
+    body, flat, hoisted = _check_lines(gs, w)
+    if served is None:
+        body.append("return " + flat)
+        source = ("def per_call(v0, G):\n    try:\n" + _block(body, 2)
+                  + f"    except {w.bind(Exception, 'e')}:\n        return None\n")
+        name = "per_call"
+    else:
+        miss = w.bind(served.miss, "x")
+        params = ", ".join(f"a{i}" for i in range(len(served.names)))
+        body = served.head(w.bind) + body + ["flat = " + flat]
+        source = (f"def served({params}):\n    try:\n" + _block(body, 2, miss)
+                  + f"    except {w.bind(Exception, 'e')}:\n        return {miss}\n"
+                  + _block(served.tail(w.bind), 1, miss))
+        name = "served"
+    namespace = dict(w.names)
+    exec(compile(source, f"<torchair {name.replace('_', '-')} check>", "exec"), namespace)  # noqa: S102
+    program = namespace[name]
+    program.source = source  # type: ignore[attr-defined]
+    program.hoist = hoisted[0] if hoisted is not None else None  # type: ignore[attr-defined]
+    return program
+
+
+def _block(lines: list[str], depth: int, miss: str | None = None) -> str:
+    """``lines`` indented ``depth`` levels; with ``miss``, each ``return None`` returns it."""
+    pad = "    " * depth
+    if miss is not None:
+        lines = [line.replace("return None", f"return {miss}")
+                 if line.strip() == "return None" else line for line in lines]
+    return "".join(f"{pad}{line}\n" for line in lines)
+
+
+def _check_lines(gs: PerCallChecks, w: _Writer) -> tuple[list[str], str, tuple | None]:
+    """The check's lines (each failure a ``return None``), the graph inputs' list display
+    and the hoist (:func:`_hoisted`)."""
     guards, steps, dict_inputs = gs.per_call
-    w = _Writer(gs)
     # the process state first, as check_arguments' general form compares it before any guard
     body = gs.process.per_call_lines(w.bind)
-    body.append(f"v1 = G if {w.bind(type)}(G) is {w.bind(Globals)} else {w.bind(Globals)}(G)")
+    if w.served is None:
+        body.append(f"v1 = G if {w.bind(type)}(G) is {w.bind(Globals)} else {w.bind(Globals)}(G)")
+    else:
+        given = w.served.globals_
+        body.append(f"v1 = {w.bind(given if type(given) is Globals else Globals(given), 'o')}")
     memo = gs.memo
     # the thread's dispatch-key sets are read for the TENSOR_MATCH guards, which the memo's C++
     # comparison replaces here (it reads them itself): skip that read unless another guard uses
@@ -296,15 +369,7 @@ def per_call_program(gs: PerCallChecks) -> Callable[[dict, Any], list | None]:
     if memo.slots:
         body.append(f"{w.bind(memo, 'm')}.misses = 0")
     flat = [values[k] if k in values else f"v{slot}" for k, slot in enumerate(gs.inputs)]
-    body.append("return [" + ", ".join(flat) + "]")
-    source = ("def per_call(v0, G):\n    try:\n" + "".join(f"        {line}\n" for line in body)
-              + f"    except {w.bind(Exception, 'e')}:\n        return None\n")
-    namespace = dict(w.names)
-    exec(compile(source, "<torchair per-call check>", "exec"), namespace)  # noqa: S102
-    program = namespace["per_call"]
-    program.source = source  # type: ignore[attr-defined]
-    program.hoist = hoisted[0] if hoisted is not None else None  # type: ignore[attr-defined]
-    return program
+    return body, "[" + ", ".join(flat) + "]", hoisted
 
 
 def _dict_reads(w: _Writer, gs: PerCallChecks, dict_inputs: Sequence[tuple]) -> list[str]:

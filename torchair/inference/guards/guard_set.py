@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from torchair.base.log import env_switch, logger
-from torchair.inference.guards.codegen import ENV_CODEGEN, NotGenerated, per_call_program
+from torchair.inference.guards.codegen import ENV_CODEGEN, NotGenerated, ServedCall, per_call_program
 from torchair.inference.guards.epoch import EPOCH, module_epoch, watch_modules
 from torchair.inference.guards.grammar import compile_expression, source_slot
 from torchair.inference.guards.sources import Fn, Globals, Sources
@@ -218,6 +218,40 @@ class GuardSet:
             logger.debug("cache_compile: the per-call check runs in its general form (%s)", why)
         except Exception as why:  # noqa: BLE001 - the general form is always there
             logger.debug("cache_compile: the per-call check runs in its general form (%s: %s)",
+                         type(why).__name__, why)
+        return None
+
+    def served_program(self, names: Sequence[str], self_name: str, module: Any, globals_: Any,
+                       miss: Any, tail: Callable[[Callable[..., str]], list[str]]
+                       ) -> Callable | None:
+        """The whole served call as one generated function of the call's positional arguments
+        (:class:`~torchair.inference.guards.codegen.ServedCall`): what :meth:`check_arguments`
+        does on a call its generated program serves (the module epoch compared, the program's
+        check, the call counted and traced), then ``tail``'s lines, which read the graph inputs
+        as ``flat`` and return the result. Any other call returns ``miss`` before ``tail`` runs
+        (the caller then takes the general path, which checks again and says why). None when
+        the per-call check has no generated program, or this form does not cover the frame."""
+        if self.per_call is None or self.program is None:
+            return None
+
+        def head(bind: Callable[..., str]) -> list[str]:
+            # a parameter, buffer or submodule assigned since the last full check: the general
+            # path runs the full check (check_arguments' first test)
+            return [f"if {bind(self, 'g')}._checked_epoch != {bind(EPOCH)}[0]:", "    return None"]
+
+        def counted_tail(bind: Callable[..., str]) -> list[str]:
+            g, tier = bind(self, "g"), bind(TIER_PROGRAM)
+            return [f"{g}._calls += 1",  # as check_arguments on a call its program served
+                    f"if {g}._tier is not {tier} or {g}._calls >= {g}._next_trace:",
+                    f"    {g}._trace({tier}, {bind('')})"] + tail(bind)
+
+        served = ServedCall(tuple(names), self_name, module, globals_, miss, head, counted_tail)
+        try:
+            return per_call_program(self, served)
+        except NotGenerated as why:
+            logger.debug("cache_compile: the served call keeps its layers (%s)", why)
+        except Exception as why:  # noqa: BLE001 - the layered call is always there
+            logger.debug("cache_compile: the served call keeps its layers (%s: %s)",
                          type(why).__name__, why)
         return None
 
