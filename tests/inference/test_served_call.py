@@ -141,17 +141,26 @@ def _check_call(cached, model, i, cache, ref_cache):
     torch.testing.assert_close(cache, ref_cache, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.inductor
-def test_the_served_call_is_one_function_and_matches_eager(tmp_path):
-    """After the first call serve() served, the runtime's calls go through ``fast``: neither
-    ``Runtime.serve`` nor the unit's ``__call__`` runs, and every result and cache write
-    equals eager's, step after step with fresh arguments."""
+def _served_step(tmp_path):
+    """The Inductor step after three calls checked against eager (compiled, the first served
+    call, the first through ``fast``), with its cache argument and eager's."""
     model, cached = _inductor_step(tmp_path)
     cache, ref_cache = torch.zeros(8, 8), torch.zeros(8, 8)
     with torch.no_grad():
         for i in range(3):
             _check_call(cached, model, i, cache, ref_cache)
-        runtime = cached.runtime
+    assert cached.runtime.fast is not None
+    return model, cached, cache, ref_cache
+
+
+@pytest.mark.inductor
+def test_the_served_call_is_one_function_and_matches_eager(tmp_path):
+    """After the first call serve() served, the runtime's calls go through ``fast``: neither
+    ``Runtime.serve`` nor the unit's ``__call__`` runs, and every result and cache write
+    equals eager's, step after step with fresh arguments."""
+    model, cached, cache, ref_cache = _served_step(tmp_path)
+    runtime = cached.runtime
+    with torch.no_grad():
         assert isinstance(runtime.unit, units.StaticUnit) and runtime.fast is not None
         assert runtime.wrap.keys, "eps is a number input: the tail puts its tensor in"
         layered = []
@@ -174,13 +183,9 @@ def test_the_served_call_leaves_every_changed_call_to_the_general_path(tmp_path,
     weight of another layout through ``.data`` (no epoch, no guard: the unit's own input check
     refuses it), an argument of another shape, gear marks on an argument and grad mode on. Each
     result equals eager's; the calls the entry cannot serve say why and compile."""
-    model, cached = _inductor_step(tmp_path)
-    cache, ref_cache = torch.zeros(8, 8), torch.zeros(8, 8)
+    model, cached, cache, ref_cache = _served_step(tmp_path)
+    runtime = cached.runtime
     with torch.no_grad():
-        for i in range(3):
-            _check_call(cached, model, i, cache, ref_cache)
-        runtime = cached.runtime
-        assert runtime.fast is not None
         model.eps = 0.25  # a module float: no epoch; the number input changes
         for i in range(3, 5):
             _check_call(cached, model, i, cache, ref_cache)

@@ -212,14 +212,8 @@ class GuardSet:
         (``$TORCHAIR_GUARD_CODEGEN=0``, or a check it does not cover)."""
         if not env_switch(ENV_CODEGEN):
             return None
-        try:
-            return per_call_program(self)
-        except NotGenerated as why:
-            logger.debug("cache_compile: the per-call check runs in its general form (%s)", why)
-        except Exception as why:  # noqa: BLE001 - the general form is always there
-            logger.debug("cache_compile: the per-call check runs in its general form (%s: %s)",
-                         type(why).__name__, why)
-        return None
+        return _generated(lambda: per_call_program(self),
+                          "the per-call check runs in its general form")
 
     def served_program(self, names: Sequence[str], self_name: str, module: Any, globals_: Any,
                        miss: Any, tail: Callable[[Callable[..., str]], list[str]]
@@ -246,14 +240,8 @@ class GuardSet:
                     f"    {g}._trace({tier}, {bind('')})"] + tail(bind)
 
         served = ServedCall(tuple(names), self_name, module, globals_, miss, head, counted_tail)
-        try:
-            return per_call_program(self, served)
-        except NotGenerated as why:
-            logger.debug("cache_compile: the served call keeps its layers (%s)", why)
-        except Exception as why:  # noqa: BLE001 - the layered call is always there
-            logger.debug("cache_compile: the served call keeps its layers (%s: %s)",
-                         type(why).__name__, why)
-        return None
+        return _generated(lambda: per_call_program(self, served),
+                          "the served call keeps its layers")
 
     def dict_inputs(self) -> list:
         """(graph input index, its module dict's slot, key) of the inputs read from a module's
@@ -347,3 +335,15 @@ class GuardSet:
             text = repr(value)
             return f" ({guard.source} is {text if len(text) <= 60 else text[:57] + '...'})"
         return ""
+
+
+def _generated(make: Callable[[], Callable], otherwise: str) -> Callable | None:
+    """``make()``, or None (logged at DEBUG with what happens ``otherwise``) when the generator
+    does not cover the checks or fails: the general form is always there."""
+    try:
+        return make()
+    except NotGenerated as why:
+        logger.debug("cache_compile: %s (%s)", otherwise, why)
+    except Exception as why:  # noqa: BLE001 - the general form is always there
+        logger.debug("cache_compile: %s (%s: %s)", otherwise, type(why).__name__, why)
+    return None
