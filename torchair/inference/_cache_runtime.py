@@ -301,7 +301,7 @@ class Runtime:
         the frame's name of the method's module (its state may be hoisted)."""
         self.guards.watch_arguments(arguments, module)
         self._check = self.guards.check_arguments
-        self.fast, self._fast_pending = None, self._fast_frame is not None
+        self.rebuild_fast()
         # a parameter's or buffer's marks are module state, not a call argument: checked on the
         # first call only
         state = {k for k, _, _ in self.guards.dict_inputs()}
@@ -318,6 +318,11 @@ class Runtime:
         (:attr:`fast`, see :meth:`_make_fast`) once :meth:`serve` served one."""
         self._fast_frame = (tuple(names), self_name, module, globals_)
         self.fast, self._fast_pending = None, True
+
+    def rebuild_fast(self) -> None:
+        """Make :attr:`fast` again at the next call :meth:`serve` serves (it binds what it
+        calls when made: after a bench put a timer around the unit's fused call, say)."""
+        self.fast, self._fast_pending = None, self._fast_frame is not None
 
     def disable_fast(self) -> None:
         """Serve every call through :meth:`serve`'s layers (a bench that times or replaces
