@@ -15,7 +15,7 @@ GEMVs (the floor's ``GemvFloor``: 23 MiB streamed through the caches, as the ste
   gear marks);
 - ``call``: the whole cached call (``CachedFunction.__call__``) with the stub unit, on its
   layered path (``Runtime.disable_fast``: the served call's one generated function binds the
-  real unit's fused call, which the stub cannot replace; ``bench_cached_call`` times that one).
+  real unit or its fused call, which the stub cannot replace; ``bench_cached_call`` times that one).
 
 Cold parts run in balanced orders (``balanced_orders``): the first part after the sweep pays
 more than the later ones in a round, whatever it is. Medians over rounds; the heap frozen and the

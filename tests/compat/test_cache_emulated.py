@@ -87,9 +87,11 @@ with torch.no_grad():
         outs.append(model(token, kv, torch.tensor([4 + step], device=DEV)))
 dynamo_before = "torch._dynamo" in sys.modules
 import torch._dynamo.utils
+runtime = model.cached_decode.runtime  # its served call as one generated function, once made
 print(json.dumps({"outs": [o.tolist() for o in outs], "kv": kv.sum().item(),
                   "device": str(kv.device), "dynamo_imported": dynamo_before,
-                  "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"]}))
+                  "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
+                  "fast": runtime is not None and runtime.fast is not None}))
 '''
 
 
@@ -135,12 +137,18 @@ def fx_entries(tmp_path_factory):
 def test_torchair_run_warm_start_compiles_no_graph(fx_entries):
     tmp_path, cold, warm, _ = fx_entries
     assert len(cold["outs"]) == 4 and warm["outs"] == cold["outs"]
+    # the last decode step went through the served call's one generated function (an FX
+    # engine's unit: its own call), under the emulation's device mode, in both processes
+    assert cold["fast"] and warm["fast"]
 
 
 @pytest.mark.inductor
 def test_torchair_run_warm_start_with_ge_cache_runs_the_library(tmp_path):
-    _, _, warm_log = _check_cold_then_warm(tmp_path, "ge")
+    cold, warm, warm_log = _check_cold_then_warm(tmp_path, "ge")
     assert "(from cache_compile)" in warm_log  # the decode unit: the library, not a new build
+    # the last decode step went through the served call's one generated function, under the
+    # emulation's device mode, in both processes (the same results: _check_cold_then_warm)
+    assert cold["fast"] and warm["fast"]
     assert any((entry / "unit.so").is_file() for entry in _entries(tmp_path))
 
 

@@ -1071,8 +1071,9 @@ def test_a_steady_served_loop_takes_the_one_frame_path(tmp_path, monkeypatch):
 @pytest.mark.parametrize("entry", ["gears", "new floats"])
 def test_served_calls_the_one_frame_path_does_not_finish_are_checked_once(tmp_path, entry):
     """A gears entry's calls (marks tested in Python) and calls whose number inputs are new
-    objects each time (tensors made again) are served by Runtime.serve itself: one guard check
-    per call, not a second one on the general path."""
+    objects each time (tensors made again) are served by Runtime.serve itself or, once made, by
+    its one generated function (Runtime.fast): one guard check per call, not a second one on the
+    general path."""
     if entry == "gears":
         model, cached = _gear_entry(tmp_path)
         step, args = model.step, lambda i: (torch.randn(4 if i % 2 else 2, 8),)
@@ -1084,13 +1085,16 @@ def test_served_calls_the_one_frame_path_does_not_finish_are_checked_once(tmp_pa
         for i in range(4):
             cached(*args(i))
         runtime = cached.runtime
+        assert (runtime.fast is None) == (entry == "gears")  # a gears entry keeps the layers
         checks = []
         check = runtime._check
         runtime._check = lambda *a: checks.append(1) or check(*a)
+        counted = runtime.guards._calls  # every check counts its call once, in either form
         for i in range(5):
             a = args(i)
             assert _equal(cached(*a), step(*a))
-    assert len(checks) == 5
+    assert runtime.guards._calls == counted + 5
+    assert len(checks) == (5 if entry == "gears" else 0)
 
 
 class _Scaled(torch.nn.Module):

@@ -242,3 +242,19 @@ def test_the_served_call_from_two_threads(tmp_path):
     for t in threads:
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads) and errors == []
+
+
+def test_a_unit_without_a_fused_call_is_served_by_its_own_call(tmp_path):
+    """An FX-engine unit (no fused call, no input check of its own): the served function runs
+    the runtime's input checks and the unit's own call, and serves the grid's calls with
+    eager's results."""
+    cached, good = _warm(tmp_path)
+    runtime = cached.runtime
+    assert runtime.fast is not None and not runtime.unit_checks
+    source = runtime.fast.source
+    assert "with " not in source.split("flat = [")[1], "no fused call, no lock of its own"
+    model = cached.frame.module
+    with torch.no_grad():
+        for args, expected in _calls()[1][:2]:
+            assert expected and runtime.fast(*args) is not MISS
+            torch.testing.assert_close(cached(*args), model.step(*args))

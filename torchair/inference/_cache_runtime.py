@@ -332,38 +332,39 @@ class Runtime:
     def _make_fast(self) -> None:
         """After the first call :meth:`serve` served: :attr:`fast`, the same call as one
         generated function (:meth:`GuardSet.served_program
-        <torchair.inference.guards.GuardSet.served_program>`) whose tail puts the number
-        inputs' tensors in, tests the gear marks as :meth:`_inputs_differ` does and runs the
-        static unit's fused call under its lock, returning :data:`MISS` for anything else.
-        Made only where :meth:`serve` would run exactly those steps: a CPU static unit with its
-        fused call and its own input check, and an entry built without gears (the marks test is
-        "none at all"). Tried once per :meth:`watch_arguments`."""
+        <torchair.inference.guards.GuardSet.served_program>`) whose tail runs what
+        :meth:`_inputs_differ` and :meth:`serve` run after the check: the number inputs'
+        tensors, the runtime's input checks where the unit does not check its inputs itself, the
+        gear-marks test, then the unit (a CPU static unit's fused call under its lock, any other
+        unit's own call), returning :data:`MISS` for any call they refuse. Made only for an entry
+        built without gears (the marks test is then "none at all", one C loop) whose call returns
+        one of the unit's outputs as it is. Tried once per :meth:`rebuild_fast`."""
         self._fast_pending = False
         unit, frame = self.unit, self._fast_frame
-        fused = getattr(unit, "_fast", None) if isinstance(unit, units.StaticUnit) else None
-        if (frame is None or fused is None or self.plain_output is None or not self.unit_checks
-                or self._first_marked is None
+        if (frame is None or self.plain_output is None or self._first_marked is None
                 or any(expected is not None for _, (_, expected) in self.gear_args)):
             return
-        first_marked, plain = self._first_marked, self.plain_output
+        fused = getattr(unit, "_fast", None) if isinstance(unit, units.StaticUnit) else None
+        first_marked, plain, checks = self._first_marked, self.plain_output, self.checks
         every = tuple(k for k, _ in self.gear_args)  # the marks a call checks when not reused
+        checked = bool(self.unit_checks)  # decided by now: serve() ran _inputs_differ
 
         def tail(bind: Callable[..., str]) -> list[str]:
-            fm, attr = bind(first_marked, "f"), bind(DIM_GEARS_ATTR)
+            keys, lines = bind(self._unmarked), []
             if self.wrap.keys:  # the number inputs' tensors: marked only when made anew
-                lines = [f"if {bind(self.wrap, 'w')}(flat):",
-                         f"    marked = {fm}(flat, {bind(self._unmarked)}, {attr})",
-                         "else:",
-                         f"    marked = {fm}(flat, {bind(every)}, {attr})"]
-            else:
-                lines = [f"marked = {fm}(flat, {bind(self._unmarked)}, {attr})"]
-            return lines + ["if marked >= 0:", "    return None",
-                            f"with {bind(unit._lock, 'u')}:",
-                            "    try:",
-                            f"        outputs = {bind(fused, 'u')}(flat)",
-                            f"    except {bind(InputLayoutError, 'e')}:",  # refused, not run
-                            "        return None",
-                            f"return outputs[{bind(plain)}]"]
+                lines.append(f"reused = {bind(self.wrap, 'w')}(flat)")
+                keys = f"{keys} if reused else {bind(every)}"
+            if not checked:  # the unit does not check each input itself
+                lines += [f"if {bind(checks.mismatch, 'f')}(flat):", "    return None"]
+            lines += [f"if {bind(first_marked, 'f')}(flat, {keys}, {bind(DIM_GEARS_ATTR)}) >= 0:",
+                      "    return None"]
+            call = f"outputs = {bind(fused if fused is not None else unit, 'u')}(flat)"
+            refused = [f"except {bind(InputLayoutError, 'e')}:", "    return None"]  # not run
+            if fused is not None:
+                return lines + [f"with {bind(unit._lock, 'u')}:", "    try:", f"        {call}"
+                                ] + ["    " + line for line in refused] + \
+                    [f"return outputs[{bind(plain)}]"]
+            return lines + ["try:", f"    {call}"] + refused + [f"return outputs[{bind(plain)}]"]
 
         self.fast = self.guards.served_program(*frame, MISS, tail)
 

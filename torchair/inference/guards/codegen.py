@@ -86,7 +86,9 @@ class ServedCall:
     function returns for a call it does not serve (the caller then takes the general path);
     ``head(bind)`` lines run first and ``tail(bind)`` lines after the check held (they read the
     graph inputs as ``flat`` and return the call's result), each naming the values they use
-    through ``bind(value, prefix)``. A tail line's ``return None`` means ``miss``."""
+    through ``bind(value, prefix)``. A tail line's ``return None`` means ``miss``. ``hoist``:
+    the generated per-call program's :class:`~.hoist.StateHoist`, shared (one record of the
+    module state serves both forms, and one watch counts their calls)."""
 
     names: tuple[str, ...]
     self_name: str
@@ -95,6 +97,7 @@ class ServedCall:
     miss: Any
     head: Callable[[Callable[..., str]], list[str]]
     tail: Callable[[Callable[..., str]], list[str]]
+    hoist: StateHoist | None = None
 
 
 _CMP = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
@@ -413,7 +416,12 @@ def _hoisted(gs: PerCallChecks, w: _Writer, steps: list[int]) -> tuple | None:
     if not hoisted and not gs.per_call[2]:
         return None
     keys = [key for _, _, key in gs.per_call[2]]
-    return StateHoist(plan, helper, keys), root_step, hoisted
+    shared = w.served.hoist if w.served is not None else None
+    if shared is None:
+        return StateHoist(plan, helper, keys), root_step, hoisted
+    if shared.steps != tuple(plan) or shared.param_keys != tuple(keys):
+        raise NotGenerated("the per-call program hoists other module state")
+    return shared, root_step, hoisted
 
 
 def _hoist_block(w: _Writer, gs: PerCallChecks, steps: list[int], hoisted: tuple,

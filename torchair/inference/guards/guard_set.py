@@ -239,7 +239,8 @@ class GuardSet:
                     f"if {g}._tier is not {tier} or {g}._calls >= {g}._next_trace:",
                     f"    {g}._trace({tier}, {bind('')})"] + tail(bind)
 
-        served = ServedCall(tuple(names), self_name, module, globals_, miss, head, counted_tail)
+        served = ServedCall(tuple(names), self_name, module, globals_, miss, head, counted_tail,
+                            getattr(self.program, "hoist", None))
         return _generated(lambda: per_call_program(self, served),
                           "the served call keeps its layers")
 
