@@ -2,8 +2,8 @@
 
 A warm ``cache_compile`` call under ``no_grad`` with positional arguments runs, after the first
 served call, one generated function of those arguments: the same check as the generated
-per-call program, the number inputs' tensors, the gear-marks test and the static unit's fused
-call. These tests hold it to the layered call it replaces: the same calls served with the same
+per-call program, the number inputs' tensors, the gear-marks test and the unit's call (a CPU
+static unit's fused call). These tests hold it to the layered call it replaces: the same calls served with the same
 graph inputs, every other call left to the general path (which says why), never a stale result.
 """
 from __future__ import annotations
