@@ -317,7 +317,7 @@ class Runtime:
         ``module`` (``self_name``) with ``globals_``, become one generated function
         (:attr:`fast`, see :meth:`_make_fast`) once :meth:`serve` served one."""
         self._fast_frame = (tuple(names), self_name, module, globals_)
-        self.fast, self._fast_pending = None, True
+        self.rebuild_fast()
 
     def rebuild_fast(self) -> None:
         """Make :attr:`fast` again at the next call :meth:`serve` serves (it binds what it
