@@ -8,8 +8,8 @@ side in interleaved rounds (``_harness``):
 
 * ``aten``: ``F.linear(x, W)`` for each weight (what eager and an unbound unit run);
 * ``gemv``: ``torch.ops.torchair_native.gemv(x, W.t())`` (what a bound CPU static unit runs);
-* ``gemv-noprefetch``: the same with the kernel's software prefetch of the weight off (it is on
-  for products of 2 rows or more: ``torchair.ops.matmul.cpu.set_prefetch``);
+* ``gemv-noprefetch``: the same with the kernel's software prefetch of the weight off (on by
+  default, into L2: ``torchair.ops.matmul.cpu.set_prefetch``);
 * ``sum``: ``W.sum()`` for each weight: a streaming read of the same bytes, the bandwidth floor.
 
 Both products are called from Python here, one dispatcher call per weight each. Prints per M the

@@ -79,7 +79,7 @@ def test_wide_weights_split_over_threads_give_the_same_bits():
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 12])
 def test_the_weight_prefetch_changes_no_bit(m):
-    """Products of 2 rows or more prefetch the next block of W; with it off the same products come
+    """Every product prefetches the next block of W; with it off the same products come
     out bit for bit. The weights here end their buffer (the last block's prefetch reads past
     it: prefetches never fault) or are a slice of a wider one (rows ldw apart)."""
     g = torch.Generator().manual_seed(m)

@@ -136,7 +136,7 @@ def _load_now() -> bool:
 
 
 def set_prefetch(on: bool) -> None:
-    """Whether products of 2 rows or more prefetch the next block of the weight while they
+    """Whether products prefetch the next block of the weight (into L2) while they
     compute (on by default; ``available()`` must be True). For benches that time the kernel
     with and without it in one process (``bench_small_gemm.py``)."""
     if not available():

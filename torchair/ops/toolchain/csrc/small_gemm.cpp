@@ -85,12 +85,14 @@ namespace {
 std::atomic<bool> g_prefetch{true};
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-// Products of 2 rows of x or more prefetch the next block of W while a tile computes: the tile
-// works long enough per weight line that the hardware prefetchers fall behind, from L3 as from
-// DRAM (bench_small_gemm.py, gemv vs gemv-noprefetch side by side on the 2-core EPYC: 1.2-1.75x
-// at 2-64 rows). One row streams W at the read speed without it, and a little slower with it
-// when W comes from DRAM (0.95-0.98x), as a decode step's weights do in a model larger than the
-// last-level cache.
+// Every product prefetches the next block of W into L2 while a tile computes (locality 2:
+// prefetcht1): with several rows of x the tile works long enough per weight line that the
+// hardware prefetchers fall behind, from L3 as from DRAM, and one row streams W faster from DRAM
+// with it. Into L1 (prefetcht0) the prefetches held the core's L1 miss buffers, which a stream
+// from DRAM fills, and stalled the tile. Measured on the 2-core EPYC, the decode bench's 14
+// weights (23 MiB) at 2 threads, us per pass after a 64 MiB read (weights from DRAM) and back to
+// back (partly from L3): 1 row 945 / 424 without prefetch, 601 / 417 into L2; 8 rows 1185 / 770
+// into L1, 796 / 709 into L2.
 
 // y[m, r] = sum_k x[m, k] * w[r, k] (+ bias[r]) for r < R, m < MB: one pass over R rows of W
 // (the next block, read by the next tile of the range, starts R rows on)
@@ -104,8 +106,8 @@ inline void tile(const float *x, int64_t ldx, int64_t K, const float *w, int64_t
   for (; k + Vec::kLanes <= K; k += Vec::kLanes) {
     typename Vec::T xv[MB];
     for (int m = 0; m < MB; m++) xv[m] = Vec::load(x + m * ldx + k);
-    if (prefetch)  // the next block's rows at this k (past W's end: a no-op)
-      for (int r = 0; r < R; r++) __builtin_prefetch(w + (r + R) * ldw + k);
+    if (prefetch)  // the next block's rows at this k, into L2 (past W's end: a no-op)
+      for (int r = 0; r < R; r++) __builtin_prefetch(w + (r + R) * ldw + k, 0, 2);
     for (int r = 0; r < R; r++) {
       typename Vec::T wv = Vec::load(w + r * ldw + k);
       for (int m = 0; m < MB; m++) acc[r][m] = Vec::fma(wv, xv[m], acc[r][m]);
@@ -129,7 +131,7 @@ inline void tile(const float *x, int64_t ldx, int64_t K, const float *w, int64_t
 template <int R>
 void rows_of_w(const float *x, int64_t M, int64_t ldx, int64_t K, const float *w, int64_t ldw,
                float *y, int64_t ldy, const float *bias) {
-  const bool pf = M > 1 && g_prefetch.load(std::memory_order_relaxed);
+  const bool pf = g_prefetch.load(std::memory_order_relaxed);
   int64_t m = 0;
   for (; m + 8 <= M; m += 8) tile<R, 8>(x + m * ldx, ldx, K, w, ldw, y + m * ldy, ldy, bias, pf);
   for (; m + 4 <= M; m += 4) tile<R, 4>(x + m * ldx, ldx, K, w, ldw, y + m * ldy, ldy, bias, pf);
@@ -303,7 +305,7 @@ extern "C" {
 // is ATen's mm/addmm)
 int torchair_gemm_vector_bits(void) { return kVectorBits; }
 
-// Whether products of 2 rows or more prefetch the next block of W (1, the default) or not (0):
+// Whether products prefetch the next block of W (1, the default) or not (0):
 // for benches that time both in one process.
 void torchair_gemm_set_prefetch(int on) { g_prefetch.store(on != 0); }
 
