@@ -165,8 +165,8 @@ static inline int64_t row_off(const args_t *a, int b, int64_t p) {
 /* Prefetch of one line, into L1 or (l2) into L2 only. Into L2 the prefetches do not hold the
  * core's L1 miss buffers while the line comes from DRAM: faster where the kernel streams more
  * than it computes per line (measured with the KV from memory: the chunked kernel 0.71-0.91x the
- * time, the one-pass kernel with one query head per kv head 0.71-0.94x), slower where it computes
- * more (the one-pass kernel at GQA 4:1 and 8:1, 1.1x). */
+ * time, the one-pass kernel with one query head per kv head 0.76-0.91x), slower where it computes
+ * more (the one-pass kernel at GQA 4:1 and 8:1, 1.1-1.15x). */
 static inline __attribute__((always_inline)) void prefetch_line(const char *p, int l2) {
     if (l2)
         __builtin_prefetch(p, 0, 2);
