@@ -336,8 +336,8 @@ static inline v16 xor_max(v16 x, int k) {
  * four parts (prefetch_part); a larger one, whose arithmetic per byte is small (few query heads
  * per kv head), prefetches all at once. Measured on the 2-core EPYC, float32, KV read from
  * memory, 2 threads, against one burst per tile: GQA 4:1 D 64 BSH 0.63-0.72x at batch 1-8 and
- * 0.88x BNSD, 8:1 0.94x, MHA D 64 (16 KiB tiles) 0.91x spread but 1.06x in one burst; MHA with
- * 8 kv heads of D 32 (32 KiB tiles) 1.07-1.10x spread, so it keeps the burst. */
+ * 0.88x BNSD, 8:1 0.94x, MHA D 64 (16 KiB tiles) 0.91x; MHA with 8 kv heads of D 32 (32 KiB
+ * tiles) 1.07-1.10x, so tiles that large keep the burst. */
 #define SPREAD_BYTES 16384
 #endif
 /* Part q (0..3) of a tile's prefetch of positions [f0, f1) of sequence b: K's first and second
