@@ -359,12 +359,11 @@ class Runtime:
             lines += [f"if {bind(first_marked, 'f')}(flat, {keys}, {bind(DIM_GEARS_ATTR)}) >= 0:",
                       "    return None"]
             call = f"outputs = {bind(fused if fused is not None else unit, 'u')}(flat)"
-            refused = [f"except {bind(InputLayoutError, 'e')}:", "    return None"]  # not run
-            if fused is not None:
-                return lines + [f"with {bind(unit._lock, 'u')}:", "    try:", f"        {call}"
-                                ] + ["    " + line for line in refused] + \
-                    [f"return outputs[{bind(plain)}]"]
-            return lines + ["try:", f"    {call}"] + refused + [f"return outputs[{bind(plain)}]"]
+            run = ["try:", f"    {call}",  # refused before running: the general path says why
+                   f"except {bind(InputLayoutError, 'e')}:", "    return None"]
+            if fused is not None:  # under the unit's lock, as StaticUnit.__call__ runs it
+                run = [f"with {bind(unit._lock, 'u')}:"] + ["    " + line for line in run]
+            return lines + run + [f"return outputs[{bind(plain)}]"]
 
         self.fast = self.guards.served_program(*frame, MISS, tail)
 
